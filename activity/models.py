@@ -1,0 +1,1 @@
+"""The activity log's models arrive with the activity-log issue."""

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class GpuproxyConfig(AppConfig):
+    """The project itself is an app so that `serve` is a management command."""
+
+    name = "gpuproxy"
+    verbose_name = "gpuproxy"

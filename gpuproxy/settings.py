@@ -1,0 +1,175 @@
+"""Settings, all from the environment (twelve-factor), with a zero-setup SQLite default.
+
+GPUPROXY_DATA_DIR   where the SQLite file and the generated secret key live (default ./var)
+DATABASE_URL        postgres://user:pass@host:port/db switches to PostgreSQL (psycopg 3, pooled)
+GPUPROXY_SECRET_KEY Django's secret key; else one is generated once into the data dir
+GPUPROXY_DEBUG      1 turns DEBUG on; never in production
+GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
+GPUPROXY_ALLOWED_HOSTS comma-separated (default *: the proxy normally sits on loopback or a LAN)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: str = "0") -> bool:
+    value = os.environ.get(name, default).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean; use 1 or 0")
+
+
+def env_int(name: str, default: str) -> int:
+    value = os.environ.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+
+
+def database_from_url(url: str) -> dict:
+    """Parse DATABASE_URL without a dependency: only PostgreSQL is supported besides SQLite."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise ImproperlyConfigured(
+            f"DATABASE_URL scheme {parts.scheme!r} is not supported; use postgres://user@host/db "
+            "or unset DATABASE_URL for the SQLite default"
+        )
+    options: dict = dict(parse_qsl(parts.query))
+    options["pool"] = {"min_size": 1, "max_size": 8, "timeout": 10}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        # Django refuses pooling together with persistent connections, and its docs
+        # say persistent connections should be off under ASGI.
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": options,
+        "TEST": {"NAME": os.environ.get("GPUPROXY_TEST_DB_NAME") or None},
+    }
+
+
+DATA_DIR = Path(os.environ.get("GPUPROXY_DATA_DIR", "var")).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    if key := os.environ.get("GPUPROXY_SECRET_KEY"):
+        return key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        # O_EXCL: two processes starting at once must agree on one key.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(50))
+    key = path.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{path} is empty; delete it to generate a new secret key")
+    return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("GPUPROXY_DEBUG")
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("GPUPROXY_ALLOWED_HOSTS", "*").split(",")]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_prometheus",
+    "gpuproxy",
+    "scheduling",
+    "activity",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gpuproxy.urls"
+ASGI_APPLICATION = "gpuproxy.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "gpuproxy.sqlite3",
+            "OPTIONS": {"timeout": 20},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+LOG_LEVEL = os.environ.get("GPUPROXY_LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "line": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "stdout": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
+                   "formatter": "line"},
+        "proxylog": {"class": "gpuproxy.logbuffer.ProxyLogHandler", "formatter": "line"},
+    },
+    "loggers": {
+        "gpuproxy": {"handlers": ["stdout", "proxylog"], "level": LOG_LEVEL, "propagate": False},
+        "scheduling": {"handlers": ["stdout", "proxylog"], "level": LOG_LEVEL,
+                       "propagate": False},
+        "activity": {"handlers": ["stdout", "proxylog"], "level": LOG_LEVEL, "propagate": False},
+        "django": {"handlers": ["stdout"], "level": "WARNING"},
+    },
+}

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class SchedulingConfig(AppConfig):
+    """Model definitions, groups, proxy settings and (later) the scheduler core."""
+
+    name = "scheduling"
+    verbose_name = "Scheduling"

@@ -1,0 +1,315 @@
+"""Model definitions, groups, proxy settings and API keys: the database form of a llama-swap config.
+
+Validation lives in `clean()` so that the admin and `import_config` refuse the same things with
+the same words. Field names follow Django style; each help text names the llama-swap key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from gpuproxy.spec import UpstreamSpec, split_command
+
+MODEL_ID_MAX = 255
+DEFAULT_CONCURRENCY_LIMIT = 10
+MIN_HEALTH_CHECK_TIMEOUT = 15
+MAX_SWAP_AFFINITY_BONUS = 99
+_ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class ModelGroup(models.Model):
+    """llama-swap `groups.<id>`: which models may run together.
+
+    Models in no group form one implicit swap+exclusive group: one model at a time.
+    """
+
+    group_id = models.CharField("group id", max_length=MODEL_ID_MAX, unique=True)
+    swap = models.BooleanField(
+        default=True, help_text="`swap`: only one member of this group runs at a time.")
+    exclusive = models.BooleanField(
+        default=True,
+        help_text="`exclusive`: loading a member unloads the models of other (non-persistent) "
+                  "groups.")
+    persistent = models.BooleanField(
+        default=False, help_text="`persistent`: other groups can never unload these members.")
+
+    class Meta:
+        ordering = ["group_id"]
+
+    def __str__(self) -> str:
+        return self.group_id
+
+
+class ModelDefinition(models.Model):
+    """llama-swap `models.<id>`: one upstream server and how requests reach it."""
+
+    model_id = models.CharField("model id", max_length=MODEL_ID_MAX, unique=True,
+                                help_text="The id clients send in `model`.")
+    enabled = models.BooleanField(
+        default=True, help_text="A disabled model is unloaded when idle and answers 404.")
+    name = models.CharField(max_length=255, blank=True, help_text="`name`, for /v1/models.")
+    description = models.TextField(blank=True, help_text="`description`, for /v1/models.")
+    cmd = models.TextField(
+        help_text="`cmd`: the command line, split like a shell would (never run by one). "
+                  "Multi-line allowed; `#` lines are comments. `${PORT}` and `${MODEL_ID}` are "
+                  "filled in at start.")
+    cmd_stop = models.TextField(
+        "cmd stop", blank=True,
+        help_text="`cmdStop`: graceful stop command, `${PID}` allowed; empty = SIGTERM to the "
+                  "process group.")
+    proxy = models.CharField(
+        max_length=500, help_text="`proxy`: the upstream's base URL, e.g. http://127.0.0.1:5800")
+    port = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The port `${PORT}` was given (allocated from start port by import).")
+    check_endpoint = models.CharField(
+        max_length=500, default="/health",
+        help_text="`checkEndpoint`: path that answers 200 when ready; `none` = ready at once.")
+    ttl = models.IntegerField(
+        default=-1, help_text="`ttl`: idle seconds before unload; -1 = global TTL; 0 = never.")
+    unload_timeout = models.IntegerField(
+        default=0, help_text="`unloadTimeout`: seconds between SIGTERM and SIGKILL on unload; "
+                             "0 = the global value.")
+    aliases = models.JSONField(default=list, blank=True,
+                               help_text="`aliases`: other names; unique across all models.")
+    env = models.JSONField(default=list, blank=True,
+                           help_text='`env`: list of "NAME=value" for the process.')
+    unlisted = models.BooleanField(
+        default=False, help_text="`unlisted`: hidden from /v1/models, still requestable.")
+    use_model_name = models.CharField(
+        max_length=255, blank=True,
+        help_text="`useModelName`: the `model` value sent upstream instead of the id.")
+    concurrency_limit = models.PositiveIntegerField(
+        default=0, help_text="`concurrencyLimit`: requests admitted at once (queued + served); "
+                             f"0 = {DEFAULT_CONCURRENCY_LIMIT}; more get 429.")
+    parallel = models.PositiveIntegerField(
+        default=1, help_text="How many requests the upstream serves at once (its slots, "
+                             "llama-server -np).")
+    strip_params = models.CharField(
+        max_length=1000, blank=True,
+        help_text="`filters.stripParams`: comma list of JSON keys removed from requests.")
+    set_params = models.JSONField(
+        default=dict, blank=True, help_text="`filters.setParams`: keys forced into requests.")
+    set_params_by_id = models.JSONField(
+        default=dict, blank=True,
+        help_text="`filters.setParamsByID`: {requested id: params}; each key is also an alias.")
+    metadata = models.JSONField(default=dict, blank=True,
+                                help_text="`metadata`: shown under meta.llamaswap.")
+    capabilities = models.JSONField(default=dict, blank=True, help_text="`capabilities`.")
+    send_loading_state = models.BooleanField(
+        null=True, blank=True,
+        help_text="`sendLoadingState`: stream loading progress; empty = the global setting.")
+    fifo_priority = models.IntegerField(
+        default=0, help_text="`routing.scheduler.settings.fifo.priority`: higher is served "
+                             "first while queued (fifo scheduler).")
+    group = models.ForeignKey(ModelGroup, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="members",
+                              help_text="Empty = the implicit one-at-a-time group.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model_id"]
+
+    def __str__(self) -> str:
+        return self.model_id
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if not self.model_id or self.model_id != self.model_id.strip():
+            errors["model_id"] = "The model id must be non-empty, without surrounding spaces."
+        try:
+            split_command(self.cmd.replace("${PORT}", "0").replace("${MODEL_ID}", "m"))
+        except ValueError as exc:
+            errors["cmd"] = f"The command cannot be used: {exc}."
+        if "${PID}" in self.cmd:
+            errors["cmd"] = "`${PID}` is only allowed in cmd stop."
+        if not self.proxy.startswith(("http://", "https://")):
+            errors["proxy"] = "The proxy must be an http:// or https:// URL."
+        if self.ttl < -1:
+            errors["ttl"] = "The ttl must be -1 (global), 0 (never) or a number of seconds."
+        if self.unload_timeout < 0:
+            errors["unload_timeout"] = "The unload timeout cannot be negative."
+        if self.parallel < 1:
+            errors["parallel"] = "parallel must be at least 1."
+        if not isinstance(self.aliases, list) or not all(
+                isinstance(a, str) and a.strip() for a in self.aliases):
+            errors["aliases"] = "Aliases must be a list of non-empty strings."
+        if not isinstance(self.env, list) or not all(
+                isinstance(e, str) and _ENV_ENTRY.match(e) for e in self.env):
+            errors["env"] = 'env must be a list of "NAME=value" strings.'
+        for name in ("set_params", "set_params_by_id", "metadata", "capabilities"):
+            if not isinstance(getattr(self, name), dict):
+                errors[name] = "Must be a JSON object."
+        if errors:
+            raise ValidationError(errors)
+        self._clean_aliases_unique()
+
+    def _clean_aliases_unique(self) -> None:
+        """An alias may name only one model, and may not shadow a model id."""
+        mine = set(self.aliases) | set(self.set_params_by_id or {})
+        if self.model_id in mine:
+            mine.discard(self.model_id)
+        others = ModelDefinition.objects.exclude(pk=self.pk)
+        clash = others.filter(model_id__in=mine).values_list("model_id", flat=True).first()
+        if clash:
+            raise ValidationError({"aliases": f"Alias {clash!r} is already a model id."})
+        for other in others.only("model_id", "aliases", "set_params_by_id"):
+            theirs = set(other.aliases) | set(other.set_params_by_id or {}) | {other.model_id}
+            if self.model_id in theirs:
+                raise ValidationError({"model_id": f"{self.model_id!r} is already an alias of "
+                                                   f"model {other.model_id!r}."})
+            dup = mine & theirs
+            if dup:
+                raise ValidationError({"aliases": f"Alias {sorted(dup)[0]!r} is already used by "
+                                                  f"model {other.model_id!r}."})
+
+    @property
+    def effective_concurrency_limit(self) -> int:
+        return self.concurrency_limit or DEFAULT_CONCURRENCY_LIMIT
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(entry.split("=", 1) for entry in self.env)
+
+    def to_upstream_spec(self, settings: ProxySettings, port: int | None = None) -> UpstreamSpec:
+        """Resolve this definition against the global settings into what the process needs.
+
+        `port` fills a `${PORT}` left in the command (models added in admin); imported
+        models already carry their allocated port in cmd and proxy.
+        """
+        port = port if port is not None else self.port
+
+        def fill(text: str) -> str:
+            text = text.replace("${MODEL_ID}", self.model_id)
+            if port is not None:
+                text = text.replace("${PORT}", str(port))
+            return text
+
+        ttl = settings.global_ttl if self.ttl == -1 else self.ttl
+        return UpstreamSpec(
+            model_id=self.model_id,
+            cmd=fill(self.cmd),
+            cmd_stop=fill(self.cmd_stop),
+            proxy=fill(self.proxy),
+            check_endpoint=self.check_endpoint,
+            env=self.env_dict(),
+            ttl=float(max(ttl, 0)),
+            unload_timeout=float(self.unload_timeout or settings.unload_timeout),
+            health_check_timeout=float(settings.health_check_timeout),
+        )
+
+
+class ProxySettings(models.Model):
+    """The one row of global settings (pk=1), edited live in admin; `version` bumps on save."""
+
+    SCHEDULERS = [("serial", "serial (priority + swap affinity + aging)"),
+                  ("fifo", "fifo (llama-swap's first-come-first-served)")]
+
+    scheduler = models.CharField(
+        max_length=16, choices=SCHEDULERS, default="serial",
+        help_text="`routing.scheduler.use`.")
+    aging_divisor = models.FloatField(
+        default=60.0,
+        help_text="`routing.scheduler.settings.serial.agingDivisor`: seconds of waiting per "
+                  "point of score; must be > 0.")
+    swap_affinity_bonus = models.PositiveIntegerField(
+        default=10,
+        help_text="`routing.scheduler.settings.serial.swapAffinityBonus`: score bonus for the "
+                  "loaded model, 0..99 so it never crosses a band.")
+    health_check_timeout = models.PositiveIntegerField(
+        default=120, help_text="`healthCheckTimeout`: seconds for a model to become ready "
+                               f"(at least {MIN_HEALTH_CHECK_TIMEOUT}).")
+    global_ttl = models.PositiveIntegerField(
+        default=0, help_text="`globalTTL`: default idle seconds before unload; 0 = never.")
+    unload_timeout = models.PositiveIntegerField(
+        default=10, help_text="`unloadTimeout`: seconds between SIGTERM and SIGKILL.")
+    start_port = models.PositiveIntegerField(
+        default=5800, help_text="`startPort`: first port handed out for `${PORT}`.")
+    send_loading_state = models.BooleanField(
+        default=False, help_text="`sendLoadingState`: stream loading progress to waiting "
+                                 "chat clients.")
+    include_aliases_in_list = models.BooleanField(
+        default=False, help_text="`includeAliasesInList`: list aliases in /v1/models.")
+    performance_monitoring = models.BooleanField(
+        default=True, help_text="Collect CPU/memory/GPU figures (`performance.disabled`).")
+    preload = models.JSONField(
+        default=list, blank=True,
+        help_text="`hooks.on_startup.preload`: models loaded, in order, at start.")
+    version = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        verbose_name = "proxy settings"
+        verbose_name_plural = "proxy settings"
+
+    def __str__(self) -> str:
+        return "Proxy settings"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if not self.aging_divisor or self.aging_divisor <= 0:
+            errors["aging_divisor"] = (
+                "The aging divisor must be a positive number of seconds: at 0 or below, waiting "
+                "would never raise a request's score and low priorities could starve.")
+        if self.swap_affinity_bonus > MAX_SWAP_AFFINITY_BONUS:
+            errors["swap_affinity_bonus"] = (
+                f"The swap affinity bonus must be 0..{MAX_SWAP_AFFINITY_BONUS}: 100 or more "
+                "would lift a request into the next priority band.")
+        if self.health_check_timeout < MIN_HEALTH_CHECK_TIMEOUT:
+            errors["health_check_timeout"] = (
+                f"The health check timeout must be at least {MIN_HEALTH_CHECK_TIMEOUT} seconds.")
+        if not (1 <= self.start_port <= 65535):
+            errors["start_port"] = "The start port must be 1..65535."
+        if not isinstance(self.preload, list) or not all(
+                isinstance(p, str) for p in self.preload):
+            errors["preload"] = "preload must be a list of model ids."
+        if errors:
+            raise ValidationError(errors)
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1
+        self.version += 1
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("The proxy settings cannot be deleted; edit them instead.")
+
+    @classmethod
+    def load(cls) -> ProxySettings:
+        obj, _ = cls.objects.get_or_create(pk=1)
+        return obj
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """A client credential; only its SHA-256 is stored, the key is shown once at creation."""
+
+    name = models.CharField(max_length=100, unique=True,
+                            help_text="Who uses this key; recorded in the activity log.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False, blank=True,
+                              help_text="The first characters, to recognise the key.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_key(self, key: str) -> None:
+        if not key or any(c.isspace() for c in key):
+            raise ValidationError("An API key must be non-empty and contain no spaces.")
+        self.key_hash = hash_key(key)
+        self.prefix = key[:6]
+
+    @staticmethod
+    def generate() -> str:
+        return "sk-gp-" + secrets.token_urlsafe(24)
