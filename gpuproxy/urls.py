@@ -1,8 +1,4 @@
-"""Django's URL routes: admin and the JSON/plain-text management API.
-
-Streaming routes (`/logs/stream...`) are raw ASGI apps in `gpuproxy/routing.py`, so a client
-that leaves is noticed at once.
-"""
+"""URL routes: the admin and the management API (llama-swap's paths)."""
 
 from django.contrib import admin
 from django.urls import path, re_path
@@ -18,4 +14,9 @@ urlpatterns = [
     re_path(r"^api/models/unload/(?P<model>.+)$", views.unload_model),
     path("unload", views.unload_all_legacy),
     path("logs", views.logs),
+    path("logs/stream", views.logs_stream),
+    re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),
 ]
+
+handler404 = "gpuproxy.views.not_found"
+handler500 = "gpuproxy.views.server_error"

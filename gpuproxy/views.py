@@ -1,8 +1,145 @@
-from django.http import HttpResponse
+"""The management API: health, running models, explicit load/unload, logs (llama-swap's paths)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from gpuproxy import runtime
+from gpuproxy.decorators import api_view, json_error
+from gpuproxy.logbuffer import PROXY
+from gpuproxy.logbuffer import registry as log_registry
+from gpuproxy.processes import StartFailed
+from gpuproxy.upstreams import ModelNotFound
 
 
-def health(request):
-    return HttpResponse("OK")
+async def health(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("OK", content_type="text/plain")
 
 
-running = load_model = unload_all = unload_model = unload_all_legacy = logs = health
+@api_view(("GET",))
+async def running(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"running": runtime.upstreams().running()})
+
+
+def start_failed_response(exc: StartFailed) -> JsonResponse:
+    status, code = (504, "start_timeout") if exc.reason == "timeout" else (502, "start_failed")
+    response = json_error(status, str(exc), type_="upstream_error", code=code)
+    return response
+
+
+@api_view(("POST",))
+async def load_model(request: HttpRequest, model: str) -> HttpResponse:
+    """Load a model and answer once it is ready, or with the start failure."""
+    try:
+        model_id = await runtime.upstreams().load(model)
+    except ModelNotFound as exc:
+        return json_error(404, str(exc), code="model_not_found")
+    except StartFailed as exc:
+        return start_failed_response(exc)
+    return JsonResponse({"msg": "ok", "model": model_id, "state": "ready"})
+
+
+@api_view(("POST",))
+async def unload_model(request: HttpRequest, model: str) -> HttpResponse:
+    try:
+        model_id = await runtime.upstreams().unload(model)
+    except ModelNotFound as exc:
+        return json_error(404, str(exc), code="model_not_found")
+    return JsonResponse({"msg": "ok", "model": model_id})
+
+
+@api_view(("POST",))
+async def unload_all(request: HttpRequest) -> HttpResponse:
+    await runtime.upstreams().unload_all()
+    return JsonResponse({"msg": "ok"})
+
+
+@api_view(("GET",))
+async def unload_all_legacy(request: HttpRequest) -> HttpResponse:
+    """llama-swap's old `GET /unload`."""
+    await runtime.upstreams().unload_all()
+    return HttpResponse("OK", content_type="text/plain")
+
+
+def _sources(which: str) -> list[str] | None:
+    """Buffer names for a `/logs/stream/<which>`; None when the model is unknown."""
+    ups = runtime.upstreams()
+    models = sorted(ups.catalog.models)
+    if which == "":
+        return [PROXY, *models]
+    if which == "proxy":
+        return [PROXY]
+    if which == "upstream":
+        return models
+    model_id = ups.catalog.resolve(which)
+    return [model_id] if model_id else None
+
+
+@api_view(("GET",))
+async def logs(request: HttpRequest) -> HttpResponse:
+    sources = _sources("")
+    lines = []
+    for source in sources or []:
+        lines.extend(log_registry.get(source).history())
+    return HttpResponse("\n".join(lines) + ("\n" if lines else ""),
+                        content_type="text/plain; charset=utf-8")
+
+
+@api_view(("GET",))
+async def logs_stream(request: HttpRequest, which: str = "") -> HttpResponse:
+    """History (unless `?no-history`), then live lines until the client leaves."""
+    sources = _sources(which)
+    if sources is None:
+        return json_error(400, f"no logs for {which!r}: it is not a model id, alias, "
+                               "'proxy' or 'upstream'", code="unknown_log_source")
+    history = "no-history" not in request.GET
+    response = StreamingHttpResponse(_stream(sources, history),
+                                     content_type="text/plain; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _stream(sources: list[str], history: bool) -> AsyncIterator[bytes]:
+    buffers = [log_registry.get(s) for s in sources]
+    queue: asyncio.Queue[str] = asyncio.Queue(1000)
+    subs = [b.subscribe() for b in buffers]
+    queues = [s.__enter__() for s in subs]
+    pumps = [asyncio.ensure_future(_forward(q, queue)) for q in queues]
+    try:
+        if history:
+            past = [line for b in buffers for line in b.history()]
+            if past:
+                yield ("\n".join(past) + "\n").encode()
+        else:
+            yield b""
+        while True:
+            line = await queue.get()
+            yield (line + "\n").encode()
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        for sub in subs:
+            sub.__exit__(None, None, None)
+
+
+async def _forward(src: asyncio.Queue[str], dst: asyncio.Queue[str]) -> None:
+    while True:
+        line = await src.get()
+        try:
+            dst.put_nowait(line)
+        except asyncio.QueueFull:
+            pass
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return json_error(404, f"no such endpoint: {request.method} {request.path}",
+                      code="not_found")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    return json_error(500, "internal error in gpuproxy; the proxy log has the details",
+                      type_="server_error", code="internal_error")

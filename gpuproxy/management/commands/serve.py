@@ -1,0 +1,115 @@
+"""`gpuproxy serve`: migrate, import a llama-swap config, run Daphne, preload, stop cleanly.
+
+On SIGTERM/SIGINT Daphne stops its reactor; a "before shutdown" trigger stops every upstream
+(graceful signal, then SIGKILL after each model's unload timeout) before the process exits, so
+no inference server outlives the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+# Daphne installs Twisted's asyncio reactor on import; it must come before anything else
+# imports twisted.internet.reactor.
+import daphne.server  # noqa: F401  isort:skip
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+logger = logging.getLogger("gpuproxy.serve")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        number = int(port)
+    except ValueError:
+        raise CommandError(f"--listen {value!r}: the port must be a number, "
+                           "e.g. 127.0.0.1:8080") from None
+    if not 0 < number < 65536:
+        raise CommandError(f"--listen {value!r}: the port must be 1..65535")
+    return host, number
+
+
+def endpoint_for(host: str, port: int) -> str:
+    interface = host.replace(":", r"\:")
+    return f"tcp:port={port}:interface={interface}"
+
+
+async def preload(models: list[str]) -> None:
+    """llama-swap's `hooks.on_startup.preload`: load each in order; a failure is logged only."""
+    from gpuproxy import runtime
+    from gpuproxy.processes import StartFailed
+    from gpuproxy.upstreams import ModelNotFound
+
+    ups = runtime.upstreams()
+    for name in models:
+        try:
+            model_id = await ups.load(name)
+        except (StartFailed, ModelNotFound) as exc:
+            logger.error("preload of %r failed: %s", name, exc)
+        else:
+            logger.info("preloaded model %r", model_id)
+
+
+class Command(BaseCommand):
+    help = "Run the proxy: migrate, import --config (a llama-swap config.yaml), serve with Daphne."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--config", help="a llama-swap config.yaml to import before serving")
+        parser.add_argument("--listen", default="127.0.0.1:8080",
+                            help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+        parser.add_argument("--no-migrate", action="store_true",
+                            help="do not apply database migrations at start")
+
+    def handle(self, *args, **options) -> None:
+        host, port = parse_listen(options["listen"])
+        if not options["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        if options["config"]:
+            self.import_config(options["config"])
+
+        from daphne.server import Server
+        from twisted.internet import defer, reactor
+
+        from gpuproxy import runtime
+        from gpuproxy.asgi import application
+        from scheduling.models import ProxySettings
+
+        preload_list = list(ProxySettings.load().preload)
+        background: set[asyncio.Future] = set()
+
+        def on_running() -> None:
+            logger.info("gpuproxy listening on http://%s:%d", host, port)
+            if preload_list:
+                task = asyncio.ensure_future(preload(preload_list))
+                background.add(task)
+                task.add_done_callback(background.discard)
+
+        def before_shutdown() -> defer.Deferred:
+            logger.info("gpuproxy stopping: unloading upstreams")
+            return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.shutdown()))
+
+        reactor.callWhenRunning(on_running)
+        reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+        Server(
+            application=application,
+            endpoints=[endpoint_for(host, port)],
+            signal_handlers=True,
+            action_logger=None,
+            # Never cut long streams: an inference can take minutes (stack notes §3).
+            http_timeout=None,
+            application_close_timeout=10,
+            verbosity=0,
+        ).run()
+        logger.info("gpuproxy stopped")
+
+    def import_config(self, path: str) -> None:
+        if not Path(path).is_file():
+            raise CommandError(f"config file not found: {path}; pass a llama-swap config.yaml "
+                               "(see config.example.yaml)")
+        call_command("import_config", path, stdout=self.stdout, stderr=self.stderr)

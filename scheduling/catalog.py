@@ -1,0 +1,98 @@
+"""An immutable snapshot of the database's model definitions, for the async side.
+
+The proxy never queries the ORM on a request's path: it reads a `Catalog` built in a worker
+thread at start and rebuilt when definitions change. Everything in it is plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuproxy.spec import UpstreamSpec
+from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.swapper import Group, GroupSwapper
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    model_id: str
+    spec: UpstreamSpec
+    name: str = ""
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    unlisted: bool = False
+    concurrency_limit: int = 10
+    parallel: int = 1
+    ttl: int = 0  # effective idle TTL in seconds, 0 = never
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, CatalogModel] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    groups: tuple[Group, ...] = ()
+    api_keys: dict[str, str] = field(default_factory=dict)  # sha256 -> key name
+    preload: tuple[str, ...] = ()
+    settings_version: int = 0
+
+    def resolve(self, name: str) -> str | None:
+        """A model id for a requested name (id or alias), or None when nothing matches."""
+        if name in self.models:
+            return name
+        return self.aliases.get(name)
+
+    def swapper(self) -> GroupSwapper:
+        return GroupSwapper(self.groups, self.models)
+
+
+def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
+    """Ports for `${PORT}` left in commands (models added in admin), in sorted id order."""
+    taken = {d.port for d in defs if d.port}
+    ports: dict[str, int] = {}
+    candidate = start
+    for d in sorted(defs, key=lambda d: d.model_id):
+        if d.port is None and ("${PORT}" in d.cmd or "${PORT}" in d.proxy):
+            while candidate in taken:
+                candidate += 1
+            ports[d.model_id] = candidate
+            taken.add(candidate)
+    return ports
+
+
+def build_catalog() -> Catalog:
+    """Read everything the proxy needs in one go. Runs in a worker thread (it uses the ORM)."""
+    settings = ProxySettings.load()
+    defs = list(ModelDefinition.objects.filter(enabled=True).select_related("group"))
+    ports = _allocate_ports(defs, settings.start_port)
+    models: dict[str, CatalogModel] = {}
+    aliases: dict[str, str] = {}
+    for d in defs:
+        spec = d.to_upstream_spec(settings, port=ports.get(d.model_id))
+        models[d.model_id] = CatalogModel(
+            model_id=d.model_id,
+            spec=spec,
+            name=d.name,
+            description=d.description,
+            aliases=tuple(d.aliases),
+            unlisted=d.unlisted,
+            concurrency_limit=d.effective_concurrency_limit,
+            parallel=d.parallel,
+            ttl=int(spec.ttl),
+        )
+        for alias in [*d.aliases, *(d.set_params_by_id or {})]:
+            if alias != d.model_id:
+                aliases[alias] = d.model_id
+    groups = tuple(
+        Group(g.group_id, frozenset(m.model_id for m in g.members.all() if m.model_id in models),
+              swap=g.swap, exclusive=g.exclusive, persistent=g.persistent)
+        for g in ModelGroup.objects.prefetch_related("members")
+    )
+    api_keys = dict(ApiKey.objects.values_list("key_hash", "name"))
+    return Catalog(
+        models=models,
+        aliases=aliases,
+        groups=groups,
+        api_keys=api_keys,
+        preload=tuple(settings.preload),
+        settings_version=settings.version,
+    )
