@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(PY)
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/gpuproxy serve --config $(CONFIG) --listen $(LISTEN)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/gpuproxy serve --config $(CONFIG) --listen $(LISTEN)
 
 test: $(STAMP)
 	DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres)}" $(PY) -m pytest $(PYTEST_ARGS)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Awaitable, Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gpuproxy import runtime
+from gpuproxy.auth import WWW_AUTHENTICATE, key_name
+from gpuproxy.auth import presented_key as _presented
 
 View = Callable[..., Awaitable[HttpResponse]]
 
@@ -25,10 +26,8 @@ def json_error(status: int, message: str, type_: str = "invalid_request_error",
 
 
 def presented_key(request: HttpRequest) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return request.headers.get("X-Api-Key")
+    return _presented(request.headers.get("Authorization", ""),
+                      request.headers.get("X-Api-Key", ""))
 
 
 def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
@@ -46,15 +45,13 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                                        f"use {' or '.join(methods)}",
                                   code="method_not_allowed",
                                   headers={"Allow": ", ".join(methods)})
-            catalog = await runtime.upstreams().ensure_catalog()
+            catalog = (await runtime.get()).catalog
             if catalog.api_keys:
-                key = presented_key(request)
-                digest = hashlib.sha256(key.encode()).hexdigest() if key else None
-                if digest not in catalog.api_keys:
+                if key_name(presented_key(request), catalog.api_keys) is None:
                     return json_error(
                         401, "a valid API key is required: send Authorization: Bearer <key>",
                         type_="authentication_error", code="invalid_api_key",
-                        headers={"WWW-Authenticate": 'Bearer realm="gpuproxy"'})
+                        headers={"WWW-Authenticate": WWW_AUTHENTICATE})
             return await view(request, *args, **kwargs)
 
         return csrf_exempt(wrapped)

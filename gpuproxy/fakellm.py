@@ -302,7 +302,10 @@ class FakeLLM:
             "/rerank": ("POST", self._rerank),
             "/v1/reranking": ("POST", self._rerank),
             "/reranking": ("POST", self._rerank),
+            "/v1/audio/transcriptions": ("POST", self._transcribe),
         }
+        # Routes whose body is not JSON (multipart uploads): the handler reads it raw.
+        self._raw_body = {"/v1/audio/transcriptions"}
 
     # ----------------------------------------------------------------- HTTP framing
 
@@ -500,7 +503,7 @@ class FakeLLM:
                 )
                 return keep
             body: dict[str, Any] | None = None
-            if method == "POST":
+            if method == "POST" and req.path not in self._raw_body:
                 try:
                     body = json.loads(req.body)
                 except (ValueError, UnicodeDecodeError) as exc:
@@ -587,6 +590,34 @@ class FakeLLM:
                 }
             ],
             "model": self.model,
+        }
+        await self._send_json(
+            writer, 200, _dumps(payload), keep_alive=req.keep_alive, http10=req.http10
+        )
+
+    async def _transcribe(
+        self, req: Request, body: None, reader: Any, writer: asyncio.StreamWriter
+    ) -> None:
+        """A multipart upload: answers with the size of the file and the `model` field seen,
+        so a test can tell the proxy relayed the form unchanged (or rewrote `model`)."""
+        ctype = req.headers.get("content-type", "")
+        if "multipart/form-data" not in ctype or "boundary=" not in ctype:
+            raise HttpError(400, "expected multipart/form-data with a boundary")
+        boundary = ctype.split("boundary=", 1)[1].strip().strip('"').encode()
+        fields: dict[str, bytes] = {}
+        for part in req.body.split(b"--" + boundary):
+            head, sep, value = part.partition(b"\r\n\r\n")
+            if sep and b'name="' in head:
+                name = head.split(b'name="', 1)[1].split(b'"', 1)[0].decode()
+                fields[name] = value.removesuffix(b"\r\n")
+        if "file" not in fields:
+            raise HttpError(400, "no `file` part in the upload")
+        if not self.loaded:
+            raise self._unavailable()
+        payload = {
+            "text": f"fake transcript of {len(fields['file'])} bytes",
+            "model": self.model,
+            "form_model": fields.get("model", b"").decode(errors="replace"),
         }
         await self._send_json(
             writer, 200, _dumps(payload), keep_alive=req.keep_alive, http10=req.http10

@@ -1,26 +1,30 @@
 """The process-wide objects of a running proxy, bound to the server's event loop.
 
-Database work from async code runs on one dedicated thread, never on asgiref's shared
-thread-sensitive executor: a hung query there stalls every Channels consumer
-(`django-stack-notes.md` §6).
+`await runtime.get()` returns the one `Runtime` (catalog loaded, run loop running), creating it
+on first use in whichever loop Daphne runs. Database work from async code runs on one
+dedicated thread, never on asgiref's shared thread-sensitive executor: a hung query there
+stalls every Channels consumer (`django-stack-notes.md` §6).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from django.db import close_old_connections
 
+from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
+from scheduling.catalog import Catalog
+from scheduling.core.effects import Scheduler
 
 T = TypeVar("T")
+logger = logging.getLogger("gpuproxy.runtime")
 
 _db_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuproxy-db")
-_upstreams: Upstreams | None = None
-_loop: asyncio.AbstractEventLoop | None = None
 
 
 async def run_db(fn: Callable[[], T]) -> T:
@@ -36,26 +40,85 @@ async def run_db(fn: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(_db_executor, call)
 
 
-async def _load_catalog():
+async def _load_catalog() -> Catalog:
     from scheduling.catalog import build_catalog
 
     return await run_db(build_catalog)
 
 
-def upstreams() -> Upstreams:
-    """The proxy's upstreams, created for the running loop on first use."""
-    global _upstreams, _loop
+def make_scheduler(catalog: Catalog) -> Callable[[RunLoop], Scheduler]:
+    from scheduling.core.fifo import Fifo
+
+    def build(loop: RunLoop) -> Scheduler:
+        return Fifo(catalog.scheduler_config(), loop)
+
+    return build
+
+
+class Runtime:
+    def __init__(self, upstreams: Upstreams, run_loop: RunLoop) -> None:
+        self.upstreams = upstreams
+        self.run_loop = run_loop
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.upstreams.catalog
+
+    async def reload(self) -> None:
+        """Re-read the definitions and hand the scheduler its new configuration."""
+        catalog, removed = await self.upstreams.refresh()
+        self.run_loop.settings_changed(catalog.scheduler_config())
+        if removed:
+            await self.run_loop.unload(removed)
+
+    async def shutdown(self) -> None:
+        await self.run_loop.shutdown()
+        await self.upstreams.shutdown()
+
+
+_runtime: Runtime | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+_starting: asyncio.Future[Runtime] | None = None
+
+
+async def get() -> Runtime:
+    """The running proxy's Runtime, created (catalog read, run loop started) on first use."""
+    global _runtime, _loop, _starting
     loop = asyncio.get_running_loop()
-    if _upstreams is None or _loop is not loop:
-        _upstreams = Upstreams(_load_catalog)
-        _loop = loop
-    return _upstreams
+    if _runtime is not None and _loop is loop:
+        return _runtime
+    if _starting is not None and _loop is loop:
+        return await asyncio.shield(_starting)
+    _loop = loop
+    _runtime = None
+    _starting = loop.create_future()
+    try:
+        upstreams = Upstreams(_load_catalog)
+        catalog, _ = await upstreams.refresh()
+        run_loop = RunLoop(upstreams, make_scheduler(catalog))
+        run_loop.start()
+        _runtime = Runtime(upstreams, run_loop)
+    except BaseException as exc:
+        _starting.set_exception(exc)
+        _starting.exception()  # retrieved: the callers below re-raise it
+        _starting = None
+        raise
+    _starting.set_result(_runtime)
+    return _runtime
+
+
+def current() -> Runtime | None:
+    """The runtime if one was created in the running loop (for advisory reads)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return _runtime if _loop is loop else None
 
 
 async def shutdown() -> None:
-    """Stop every upstream; safe to call when nothing was started."""
-    global _upstreams, _loop
-    if _upstreams is not None:
-        await _upstreams.shutdown()
-    _upstreams = None
-    _loop = None
+    """Answer every waiter and stop every upstream; safe when nothing was started."""
+    global _runtime, _loop, _starting
+    runtime, _runtime, _loop, _starting = _runtime, None, None, None
+    if runtime is not None:
+        await runtime.shutdown()

@@ -6,6 +6,7 @@ GPUPROXY_SECRET_KEY Django's secret key; else one is generated once into the dat
 GPUPROXY_DEBUG      1 turns DEBUG on; never in production
 GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
 GPUPROXY_ALLOWED_HOSTS comma-separated (default *: the proxy normally sits on loopback or a LAN)
+GPUPROXY_MAX_BODY_MB  largest request body accepted by the proxy (default 32)
 """
 
 from __future__ import annotations
@@ -173,3 +174,6 @@ LOGGING = {
         "django": {"handlers": ["stdout"], "level": "WARNING"},
     },
 }
+
+# Largest request body the proxy accepts (413 above it); images and audio need room.
+GPUPROXY_MAX_BODY_BYTES = env_int("GPUPROXY_MAX_BODY_MB", "32") * 1024 * 1024

@@ -11,8 +11,7 @@ from gpuproxy import runtime
 from gpuproxy.decorators import api_view, json_error
 from gpuproxy.logbuffer import PROXY
 from gpuproxy.logbuffer import registry as log_registry
-from gpuproxy.processes import StartFailed
-from gpuproxy.upstreams import ModelNotFound
+from scheduling.core.errors import ModelNotFound, SchedulingError
 
 
 async def health(request: HttpRequest) -> HttpResponse:
@@ -21,60 +20,71 @@ async def health(request: HttpRequest) -> HttpResponse:
 
 @api_view(("GET",))
 async def running(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"running": runtime.upstreams().running()})
+    return JsonResponse({"running": (await runtime.get()).upstreams.running()})
 
 
-def start_failed_response(exc: StartFailed) -> JsonResponse:
-    status, code = (504, "start_timeout") if exc.reason == "timeout" else (502, "start_failed")
-    response = json_error(status, str(exc), type_="upstream_error", code=code)
-    return response
+def scheduling_error(exc: SchedulingError) -> JsonResponse:
+    return json_error(exc.status, exc.message, type_=exc.type, code=exc.code,
+                      headers=exc.headers())
 
 
 @api_view(("POST",))
 async def load_model(request: HttpRequest, model: str) -> HttpResponse:
-    """Load a model and answer once it is ready, or with the start failure."""
+    """Load a model through the scheduler and answer once it is ready, or with the failure.
+
+    It is an ordinary request that is released as soon as it is granted, so it queues, joins
+    swaps and respects in-flight work exactly like an inference request would.
+    """
+    rt = await runtime.get()
+    model_id = rt.catalog.resolve(model) or model
     try:
-        model_id = await runtime.upstreams().load(model)
-    except ModelNotFound as exc:
-        return json_error(404, str(exc), code="model_not_found")
-    except StartFailed as exc:
-        return start_failed_response(exc)
-    return JsonResponse({"msg": "ok", "model": model_id, "state": "ready"})
+        grant = await rt.run_loop.acquire(model_id)
+    except SchedulingError as exc:
+        return scheduling_error(exc)
+    grant.release()
+    return JsonResponse({"msg": "ok", "model": grant.model, "state": "ready"})
 
 
 @api_view(("POST",))
 async def unload_model(request: HttpRequest, model: str) -> HttpResponse:
-    try:
-        model_id = await runtime.upstreams().unload(model)
-    except ModelNotFound as exc:
-        return json_error(404, str(exc), code="model_not_found")
+    rt = await runtime.get()
+    model_id = rt.catalog.resolve(model)
+    if model_id is None:
+        return scheduling_error(ModelNotFound(model))
+    await rt.run_loop.unload([model_id])
     return JsonResponse({"msg": "ok", "model": model_id})
+
+
+async def _unload_everything() -> None:
+    rt = await runtime.get()
+    await rt.run_loop.unload(rt.upstreams.running_ids())
 
 
 @api_view(("POST",))
 async def unload_all(request: HttpRequest) -> HttpResponse:
-    await runtime.upstreams().unload_all()
+    await _unload_everything()
     return JsonResponse({"msg": "ok"})
 
 
 @api_view(("GET",))
 async def unload_all_legacy(request: HttpRequest) -> HttpResponse:
     """llama-swap's old `GET /unload`."""
-    await runtime.upstreams().unload_all()
+    await _unload_everything()
     return HttpResponse("OK", content_type="text/plain")
 
 
 def _sources(which: str) -> list[str] | None:
     """Buffer names for a `/logs/stream/<which>`; None when the model is unknown."""
-    ups = runtime.upstreams()
-    models = sorted(ups.catalog.models)
+    rt = runtime.current()
+    catalog = rt.catalog if rt else None
+    models = sorted(catalog.models) if catalog else []
     if which == "":
         return [PROXY, *models]
     if which == "proxy":
         return [PROXY]
     if which == "upstream":
         return models
-    model_id = ups.catalog.resolve(which)
+    model_id = catalog.resolve(which) if catalog else None
     return [model_id] if model_id else None
 
 

@@ -7,10 +7,12 @@ thread at start and rebuilt when definitions change. Everything in it is plain d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuproxy.spec import UpstreamSpec
+from scheduling.core.config import ModelConfig, SchedulerConfig
+from scheduling.core.swapper import Group, GroupSwapper
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
-from scheduling.swapper import Group, GroupSwapper
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,15 @@ class CatalogModel:
     concurrency_limit: int = 10
     parallel: int = 1
     ttl: int = 0  # effective idle TTL in seconds, 0 = never
+    fifo_priority: int = 0
+    use_model_name: str = ""
+    strip_params: tuple[str, ...] = ()
+    set_params: dict[str, Any] = field(default_factory=dict)
+    set_params_by_id: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    send_loading_state: bool = False
+    created: int = 0  # unix time of the definition's last change, for /v1/models
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,10 @@ class Catalog:
     api_keys: dict[str, str] = field(default_factory=dict)  # sha256 -> key name
     preload: tuple[str, ...] = ()
     settings_version: int = 0
+    scheduler: str = "serial"
+    aging_divisor: float = 60.0
+    swap_affinity_bonus: int = 10
+    include_aliases_in_list: bool = False
 
     def resolve(self, name: str) -> str | None:
         """A model id for a requested name (id or alias), or None when nothing matches."""
@@ -43,6 +58,16 @@ class Catalog:
 
     def swapper(self) -> GroupSwapper:
         return GroupSwapper(self.groups, self.models)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            models={m.model_id: ModelConfig(m.concurrency_limit, m.parallel, m.fifo_priority)
+                    for m in self.models.values()},
+            swapper=self.swapper(),
+            scheduler=self.scheduler,
+            aging_divisor=self.aging_divisor,
+            swap_affinity_bonus=self.swap_affinity_bonus,
+        )
 
 
 def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
@@ -78,6 +103,16 @@ def build_catalog() -> Catalog:
             concurrency_limit=d.effective_concurrency_limit,
             parallel=d.parallel,
             ttl=int(spec.ttl),
+            fifo_priority=d.fifo_priority,
+            use_model_name=d.use_model_name,
+            strip_params=tuple(p.strip() for p in d.strip_params.split(",") if p.strip()),
+            set_params=dict(d.set_params or {}),
+            set_params_by_id=dict(d.set_params_by_id or {}),
+            metadata=dict(d.metadata or {}),
+            capabilities=dict(d.capabilities or {}),
+            send_loading_state=(settings.send_loading_state if d.send_loading_state is None
+                                else d.send_loading_state),
+            created=int(d.updated_at.timestamp()) if d.updated_at else 0,
         )
         for alias in [*d.aliases, *(d.set_params_by_id or {})]:
             if alias != d.model_id:
@@ -95,4 +130,8 @@ def build_catalog() -> Catalog:
         api_keys=api_keys,
         preload=tuple(settings.preload),
         settings_version=settings.version,
+        scheduler=settings.scheduler,
+        aging_divisor=settings.aging_divisor,
+        swap_affinity_bonus=settings.swap_affinity_bonus,
+        include_aliases_in_list=settings.include_aliases_in_list,
     )

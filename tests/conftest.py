@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,3 +38,82 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+FAKE = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def processes_matching(fragment: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains `fragment`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if fragment in cmdline and "\nState:\tZ" not in status:
+            found.append(int(entry.name))
+    return found
+
+
+class Proxy:
+    def __init__(self, proc: subprocess.Popen, base: str, log: Path) -> None:
+        self.proc = proc
+        self.base = base
+        self.log = log
+        self.http = httpx.Client(base_url=base, timeout=60, trust_env=False)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    started: list[Proxy] = []
+
+    def start(config: str, extra_env: dict[str, str] | None = None) -> Proxy:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(textwrap.dedent(config))
+        port = free_port()
+        log = tmp_path / f"serve-{port}.log"
+        env = {**os.environ, "DATABASE_URL": database_url(),
+               "GPUPROXY_DATA_DIR": str(tmp_path / "data"), **(extra_env or {})}
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
+             "--listen", f"127.0.0.1:{port}"],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        p = Proxy(proc, f"http://127.0.0.1:{port}", log)
+        started.append(p)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"serve exited with {proc.returncode}:\n{p.output()}")
+            try:
+                if p.http.get("/health", timeout=1).status_code == 200:
+                    return p
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"serve did not answer /health within 60 s:\n{p.output()}")
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)
+            try:
+                p.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                p.proc.kill()
+                p.proc.wait()
+        p.http.close()
+
+

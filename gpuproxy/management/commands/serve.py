@@ -43,17 +43,17 @@ def endpoint_for(host: str, port: int) -> str:
 async def preload(models: list[str]) -> None:
     """llama-swap's `hooks.on_startup.preload`: load each in order; a failure is logged only."""
     from gpuproxy import runtime
-    from gpuproxy.processes import StartFailed
-    from gpuproxy.upstreams import ModelNotFound
+    from scheduling.core.errors import SchedulingError
 
-    ups = runtime.upstreams()
+    rt = await runtime.get()
     for name in models:
         try:
-            model_id = await ups.load(name)
-        except (StartFailed, ModelNotFound) as exc:
-            logger.error("preload of %r failed: %s", name, exc)
+            grant = await rt.run_loop.acquire(rt.catalog.resolve(name) or name)
+        except SchedulingError as exc:
+            logger.error("preload of %r failed: %s", name, exc.message)
         else:
-            logger.info("preloaded model %r", model_id)
+            grant.release()
+            logger.info("preloaded model %r", grant.model)
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduling.swapper import Group, GroupSwapper
+from scheduling.core.swapper import Group, GroupSwapper
 
 SWAP_BIG = Group("big", frozenset({"a", "b"}), swap=True, exclusive=False)
 KEEP_SMALL = Group("small", frozenset({"s"}), swap=False, exclusive=False, persistent=True)

@@ -1,0 +1,294 @@
+"""The OpenAI-compatible proxy: a thin Channels consumer that waits for a grant and relays bytes.
+
+It decides nothing: it reads the request, asks the run loop for the model, and streams the
+upstream's answer back as it arrives. Channels' `AsyncHttpConsumer` awaits `handle()` before
+reading the next ASGI message, so it would never see a client leave (channels#1249,
+`django-stack-notes.md` §2). Here the work runs in a task that `http_disconnect` cancels: the
+cancel reaches whichever await the request is in (queued, loading, waiting for the first byte,
+streaming), which withdraws it from the scheduler or closes the upstream connection, and the
+`finally` releases the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from typing import Any
+
+import httpx
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from gpuproxy import relay, runtime
+from gpuproxy.auth import WWW_AUTHENTICATE, key_name, presented_key
+from gpuproxy.inference import (
+    FORM_PATHS,
+    INFERENCE_PATHS,
+    VERSIONLESS,
+    BadRequest,
+    apply_filters,
+    parse,
+)
+from gpuproxy.processes import State
+from scheduling.catalog import Catalog
+from scheduling.core.errors import ModelNotFound, SchedulingError
+
+logger = logging.getLogger("gpuproxy.proxy")
+
+JSON = [(b"content-type", b"application/json")]
+# llama-swap's default `upstream.ignorePaths`: static files never trigger a model load.
+IGNORE_PATHS = [re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$")]
+GET_PATHS = frozenset({"/v1/audio/voices"})
+
+
+def error_body(message: str, type_: str, code: str | None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None,
+                                 "code": code}}).encode()
+
+
+class ProxyConsumer(AsyncHttpConsumer):
+    """One HTTP request to an inference path, `/v1/models`, or `/upstream/...`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._size = 0
+        self._task: asyncio.Task | None = None
+        self._responded = False
+        self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+
+    async def dispatch(self, message: dict) -> None:
+        # Channels closes stale DB connections before every handler, a thread hop per ASGI
+        # message; this path never touches the ORM, so it skips that.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def http_request(self, message: dict) -> None:
+        if self._task is not None or self._responded:
+            return  # body after a 413: drop it
+        chunk = message.get("body", b"")
+        self._size += len(chunk)
+        if self._size > self.max_body:
+            self.body = []
+            self._responded = True
+            await self.send_json(413, error_body(
+                f"the request body is over {self.max_body} bytes; send less or raise "
+                "GPUPROXY_MAX_BODY_MB", "invalid_request_error", "body_too_large"))
+            return
+        self.body.append(chunk)
+        if not message.get("more_body"):
+            body = b"".join(self.body)
+            self.body = []
+            self._task = asyncio.get_running_loop().create_task(self._run(body))
+
+    async def http_disconnect(self, message: dict) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        raise StopConsumer()
+
+    async def _run(self, body: bytes) -> None:
+        try:
+            await self.route(body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("proxy error on %s %s", self.scope["method"], self.scope["path"])
+            if not self._responded:
+                await self.send_json(500, error_body(
+                    "internal error in gpuproxy; the proxy log has the details",
+                    "server_error", "internal_error"))
+
+    # ---- responses --------------------------------------------------------------------------
+
+    async def send_json(self, status: int, body: bytes,
+                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self._responded = True
+        await self.send_headers(status=status, headers=JSON + (headers or []))
+        await self.send_body(body)
+
+    async def send_error(self, exc: SchedulingError | BadRequest) -> None:
+        if isinstance(exc, SchedulingError):
+            headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+            await self.send_json(exc.status, error_body(exc.message, exc.type, exc.code),
+                                 headers)
+        else:
+            await self.send_json(exc.status, error_body(exc.message, "invalid_request_error",
+                                                        exc.code))
+
+    # ---- routing ----------------------------------------------------------------------------
+
+    async def route(self, body: bytes) -> None:
+        rt = await runtime.get()
+        catalog = rt.catalog
+        headers = dict(self.scope["headers"])
+        if catalog.api_keys:
+            key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
+                                headers.get(b"x-api-key", b"").decode("latin-1"))
+            if key_name(key, catalog.api_keys) is None:
+                await self.send_json(401, error_body(
+                    "a valid API key is required: send Authorization: Bearer <key>",
+                    "authentication_error", "invalid_api_key"),
+                    [(b"www-authenticate", WWW_AUTHENTICATE.encode())])
+                return
+        path: str = self.scope["path"]
+        method: str = self.scope["method"]
+        if path in ("/v1/models", "/models"):
+            if method != "GET":
+                await self.method_not_allowed("GET")
+                return
+            await self.send_json(200, json.dumps(models_list(rt, catalog)).encode())
+        elif path.startswith("/upstream/"):
+            await self.upstream_passthrough(rt, path[len("/upstream/"):], body)
+        elif path in INFERENCE_PATHS:
+            allowed = ("GET", "POST") if path in GET_PATHS else ("POST",)
+            if method not in allowed:
+                await self.method_not_allowed(*allowed)
+                return
+            await self.inference(rt, VERSIONLESS.get(path, path), body)
+        else:
+            await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
+                                                 "invalid_request_error", "not_found"))
+
+    async def method_not_allowed(self, *allowed: str) -> None:
+        await self.send_json(405, error_body(
+            f"{self.scope['method']} is not allowed on {self.scope['path']}; use "
+            f"{' or '.join(allowed)}", "invalid_request_error", "method_not_allowed"),
+            [(b"allow", ", ".join(allowed).encode())])
+
+    async def inference(self, rt: runtime.Runtime, upstream_path: str, body: bytes) -> None:
+        try:
+            parsed = parse(self.scope["method"], upstream_path,
+                           self.scope.get("query_string", b"").decode("latin-1"),
+                           dict(self.scope["headers"]), body)
+        except BadRequest as exc:
+            await self.send_error(exc)
+            return
+        if upstream_path in FORM_PATHS and parsed.form_kind != "multipart":
+            await self.send_error(BadRequest(400, f"{upstream_path} takes multipart/form-data",
+                                             "invalid_content_type"))
+            return
+        model_id = rt.catalog.resolve(parsed.model)
+        meta = rt.catalog.models.get(model_id) if model_id else None
+        if meta is not None:
+            body = apply_filters(parsed, requested=parsed.model,
+                                 use_model_name=meta.use_model_name,
+                                 strip_params=meta.strip_params, set_params=meta.set_params,
+                                 set_params_by_id=meta.set_params_by_id)
+        await self.forward(rt, model_id or parsed.model, upstream_path, body)
+
+    async def upstream_passthrough(self, rt: runtime.Runtime, rest: str, body: bytes) -> None:
+        """`/upstream/<model>/<path>`: any method, straight to the model's server."""
+        model_id, sub = resolve_prefix(rt.catalog, rest)
+        if model_id is None:
+            await self.send_error(ModelNotFound(rest.split("/", 1)[0]))
+            return
+        if sub is None:  # bare /upstream/<model>: redirect so relative links work
+            status = 301 if self.scope["method"] in ("GET", "HEAD") else 308
+            self._responded = True
+            await self.send_headers(status=status, headers=[
+                (b"location", f"/upstream/{rest}/".encode())])
+            await self.send_body(b"")
+            return
+        proc = rt.upstreams.existing(model_id)
+        loaded = proc is not None and proc.state is State.READY
+        if not loaded and any(p.match("/" + sub) for p in IGNORE_PATHS):
+            await self.send_json(409, error_body(
+                f"model {model_id!r} is not loaded and /{sub} matches upstream.ignorePaths, "
+                "which never trigger a load", "invalid_request_error", "model_not_loaded"))
+            return
+        await self.forward(rt, model_id, "/" + sub, body)
+
+    async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
+                      body: bytes) -> None:
+        """Wait for the grant, then relay the upstream's answer as it arrives."""
+        try:
+            grant = await rt.run_loop.acquire(model, priority=0)
+        except SchedulingError as exc:
+            await self.send_error(exc)
+            return
+        try:
+            await self.relay(rt, grant.model, upstream_path, body)
+        finally:
+            grant.release()
+
+    async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
+                    body: bytes) -> None:
+        proc = rt.upstreams.process(model)
+        query = self.scope.get("query_string", b"")
+        url = proc.spec.proxy.rstrip("/") + upstream_path + (
+            "?" + query.decode("latin-1") if query else "")
+        client = relay.client()
+        request = client.build_request(
+            self.scope["method"], url,
+            headers=relay.request_headers(self.scope["headers"], len(body)), content=body)
+        started = time.monotonic()
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            await self.send_json(502, error_body(
+                f"model {model!r} at {proc.spec.proxy} did not answer: {exc!r}; its log: "
+                f"GET /logs/stream/{model}", "upstream_error", "upstream_unreachable"))
+            return
+        try:
+            self._responded = True
+            await self.send_headers(status=response.status_code,
+                                    headers=relay.response_headers(response.headers))
+            async for chunk in response.aiter_raw():
+                await self.send_body(chunk, more_body=True)
+            await self.send_body(b"")
+        except httpx.TransportError as exc:
+            # Headers are out; the client sees the stream end. Honest termination is the
+            # hardening issue's job; here it is logged with the model and the time.
+            logger.warning("model %r: upstream stream broke after %.1f s: %r", model,
+                           time.monotonic() - started, exc)
+            await self.send_body(b"")
+        finally:
+            await response.aclose()
+
+
+def resolve_prefix(catalog: Catalog, rest: str) -> tuple[str | None, str | None]:
+    """The model whose id (or alias) is the longest prefix of `rest`, and what follows it.
+
+    Model ids may contain slashes (`org/model`), so try the longest candidate first.
+    """
+    parts = rest.split("/")
+    for n in range(len(parts), 0, -1):
+        candidate = "/".join(parts[:n])
+        model_id = catalog.resolve(candidate)
+        if model_id is not None:
+            return model_id, ("/".join(parts[n:]) if n < len(parts) else None)
+    return None, None
+
+
+def models_list(rt: runtime.Runtime, catalog: Catalog) -> dict[str, Any]:
+    """OpenAI's model list, with llama-swap's `meta.llamaswap` and `status` additions."""
+    data = []
+    for model_id, m in sorted(catalog.models.items()):
+        if m.unlisted:
+            continue
+        proc = rt.upstreams.existing(model_id)
+        loaded = proc is not None and proc.state is State.READY
+        record = {
+            "id": model_id, "object": "model", "created": m.created, "owned_by": "gpuproxy",
+            "name": m.name, "description": m.description,
+            "meta": {"llamaswap": {**m.metadata, "aliases": list(m.aliases)}},
+            "status": {"value": "loaded" if loaded else "unloaded"},
+        }
+        if m.capabilities:
+            record["capabilities"] = m.capabilities
+        data.append(record)
+        if catalog.include_aliases_in_list:
+            for alias in m.aliases:
+                data.append({**record, "id": alias,
+                             "meta": {"llamaswap": {**m.metadata, "modelID": model_id}}})
+    return {"object": "list", "data": data}

@@ -1,0 +1,25 @@
+"""What a scheduler is told about the models and the knobs; rebuilt on every settings change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.core.swapper import GroupSwapper
+
+DEFAULT_CONCURRENCY_LIMIT = 10
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT  # admitted at once: queued + served
+    parallel: int = 1  # requests the upstream serves at once (its slots)
+    fifo_priority: int = 0  # routing.scheduler.settings.fifo.priority
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    swapper: GroupSwapper = field(default_factory=lambda: GroupSwapper([], []))
+    scheduler: str = "fifo"  # "fifo" | "serial"
+    aging_divisor: float = 60.0  # serial: seconds of waiting per point of score
+    swap_affinity_bonus: int = 10  # serial: bonus for the loaded model, 0..99

@@ -1,0 +1,98 @@
+"""What happened, as facts: the only inputs of a scheduler.
+
+Every event carries `now` (seconds on the shell's monotonic clock) so the core never reads a
+clock and tests drive time by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduling.core.config import SchedulerConfig
+
+
+@dataclass(eq=False)
+class Request:
+    """One client waiting for a model, as the core sees it.
+
+    Identity is the object itself (eq=False): two requests with equal fields are different
+    clients. `handle` belongs to the shell (a future, a consumer); the core never looks in it.
+    """
+
+    seq: int  # arrival order, unique and increasing; ties in priority go to the smaller seq
+    model: str  # resolved model id, or the unknown name as requested (the core answers 404)
+    arrived: float  # `now` of its RequestArrived
+    priority: int = 0  # the request's own priority (X-LlamaSwap-Priority); 0 when absent
+    handle: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class RequestArrived:
+    req: Request
+    now: float
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The client left before being granted (queued, or waiting on a swap)."""
+
+    req: Request
+    now: float
+
+
+@dataclass(frozen=True)
+class SwapDone:
+    """A swap started with `Effects.start_swap` finished; `error` is None on success."""
+
+    model: str
+    now: float
+    error: str | None = None  # the start failure, one actionable line with the output tail
+    timed_out: bool = False  # the model did not become ready within healthCheckTimeout
+
+
+@dataclass(frozen=True)
+class ServeDone:
+    """A granted request finished (completed, failed or its client left)."""
+
+    req: Request
+    now: float
+
+
+@dataclass(frozen=True)
+class UnloadRequested:
+    """An explicit unload (API, admin); `handle` is answered by the shell once stopped."""
+
+    models: tuple[str, ...]
+    now: float
+    handle: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class UnloadDone:
+    """The processes of an UnloadRequested are stopped."""
+
+    models: tuple[str, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class SettingsChanged:
+    config: SchedulerConfig
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed with nothing else happening (lets aging re-rank a queue)."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    now: float
+
+
+Event = (RequestArrived | Cancelled | SwapDone | ServeDone | UnloadRequested | UnloadDone
+         | SettingsChanged | Tick | Shutdown)

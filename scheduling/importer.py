@@ -1,0 +1,398 @@
+"""Apply a parsed llama-swap config to the database, and write the database back as one.
+
+`import_config` makes the database match the file: rows the file does not name are deleted,
+the others are updated in place (by model id, group id and key hash), so their primary keys,
+creation times and API-key prefixes survive a re-import. A row is written only when a value
+changed: importing the same file twice writes nothing, and `ProxySettings.version` (which
+tells the proxy to reload) only moves when a setting really changed.
+
+Every instance goes through `full_clean()`, the same rules the admin applies. Everything runs
+in one transaction, so a `ConfigError` from any row leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import DataError, IntegrityError, models, transaction
+
+from scheduling.llamaswap import (
+    DEFAULT_CHECK_ENDPOINT,
+    DEFAULT_PROXY,
+    ConfigError,
+    ParsedConfig,
+    ParsedModel,
+    api_key_name,
+    dump_yaml,
+    parse_config,
+)
+from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings, hash_key
+
+# Model field -> where it lives in the YAML, for ConfigError paths.
+_MODEL_PATHS = {
+    "model_id": "", "cmd": "cmd", "cmd_stop": "cmdStop", "proxy": "proxy", "port": "cmd",
+    "check_endpoint": "checkEndpoint", "ttl": "ttl", "unload_timeout": "unloadTimeout",
+    "aliases": "aliases", "env": "env", "name": "name", "description": "description",
+    "unlisted": "unlisted", "use_model_name": "useModelName",
+    "concurrency_limit": "concurrencyLimit", "parallel": "parallel",
+    "strip_params": "filters.stripParams", "set_params": "filters.setParams",
+    "set_params_by_id": "filters.setParamsByID", "metadata": "metadata",
+    "capabilities": "capabilities", "send_loading_state": "sendLoadingState",
+    "enabled": "enabled",
+}
+_SETTINGS_PATHS = {
+    "scheduler": "routing.scheduler.use",
+    "aging_divisor": "routing.scheduler.settings.serial.agingDivisor",
+    "swap_affinity_bonus": "routing.scheduler.settings.serial.swapAffinityBonus",
+    "health_check_timeout": "healthCheckTimeout", "global_ttl": "globalTTL",
+    "unload_timeout": "unloadTimeout", "start_port": "startPort",
+    "send_loading_state": "sendLoadingState", "include_aliases_in_list": "includeAliasesInList",
+    "performance_monitoring": "performance.disabled", "preload": "hooks.on_startup.preload",
+}
+_GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
+                "persistent": "persistent"}
+_KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix"}
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What an import did: the file's row counts, rows written and deleted, and warnings."""
+
+    models: int
+    groups: int
+    api_keys: int
+    written: int
+    deleted: int
+    warnings: tuple[str, ...]
+    dry_run: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.written or self.deleted)
+
+    def summary(self, source: str) -> str:
+        verb = "would import" if self.dry_run else "imported"
+        line = (f"{verb} {_count(self.models, 'model')}, {_count(self.groups, 'group')}, "
+                f"{_count(self.api_keys, 'api key')} from {source}")
+        return line + " (dry run: nothing changed)" if self.dry_run else line
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+class _RollBack(Exception):
+    """Raised inside the transaction by a dry run, to undo it after every check has run."""
+
+    def __init__(self, report: ImportReport) -> None:
+        self.report = report
+
+
+def load_file(path: str | os.PathLike[str]) -> ParsedConfig:
+    """Parse a config file with the process environment supplying `${env.NAME}`.
+
+    Raises FileNotFoundError for a missing file (the command turns it into its own message)
+    and ConfigError for anything wrong inside it.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                     "save the file as UTF-8") from None
+    return parse_config(text, os.environ)
+
+
+def import_config(parsed: ParsedConfig, *, dry_run: bool = False) -> ImportReport:
+    """Make the database match `parsed`, in one transaction; ConfigError changes nothing.
+
+    With `dry_run` every row is still written and validated, then rolled back, so a dry run
+    finds the same errors a real import would.
+    """
+    try:
+        with transaction.atomic():
+            report = _Import(parsed).run(dry_run)
+            if dry_run:
+                raise _RollBack(report)
+    except _RollBack as rollback:
+        return rollback.report
+    except (DataError, IntegrityError) as exc:  # full_clean should catch these first
+        raise ConfigError("(database)", f"the database refused the import: {exc}; nothing "
+                                        "was changed") from exc
+    return report
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as stored: JSON text, so 1 and 1.0 or 1 and true differ, and key order doesn't."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True,
+                                                                    default=str)
+
+
+def _assign(instance: models.Model, values: Mapping[str, Any]) -> bool:
+    """Set fields that differ; True when any did (a new row always counts as changed)."""
+    changed = instance._state.adding
+    for name, value in values.items():
+        if not _same(getattr(instance, name), value):
+            setattr(instance, name, value)
+            changed = True
+    return changed
+
+
+def _full_clean(instance: models.Model, path: str, paths: Mapping[str, str]) -> None:
+    """`full_clean()`, with a ValidationError turned into a ConfigError at the YAML path."""
+    try:
+        instance.full_clean()
+    except ValidationError as exc:
+        if hasattr(exc, "error_dict"):
+            name, messages = next(iter(exc.message_dict.items()))
+            sub = "" if name == NON_FIELD_ERRORS else paths.get(name, name)
+        else:
+            sub, messages = "", exc.messages
+        where = f"{path}.{sub}" if path and sub else (path or sub)
+        raise ConfigError(where, " ".join(messages)) from None
+
+
+class _Import:
+    """One import, step by step; `written`/`deleted` count rows for the report."""
+
+    def __init__(self, parsed: ParsedConfig) -> None:
+        self.parsed = parsed
+        self.written = 0
+        self.deleted = 0
+
+    def run(self, dry_run: bool) -> ImportReport:
+        parsed = self.parsed
+        self.settings()
+        self.delete_stale()
+        groups = self.groups()
+        self.models(groups)
+        keys = self.api_keys()
+        return ImportReport(models=len(parsed.models), groups=len(parsed.groups), api_keys=keys,
+                            written=self.written, deleted=self.deleted,
+                            warnings=tuple(parsed.warnings), dry_run=dry_run)
+
+    def save(self, instance: models.Model, changed: bool) -> None:
+        if changed:
+            instance.save()
+            self.written += 1
+
+    def settings(self) -> None:
+        s = self.parsed.settings
+        row = ProxySettings.load()
+        changed = _assign(row, {
+            "scheduler": s.scheduler, "aging_divisor": s.aging_divisor,
+            "swap_affinity_bonus": s.swap_affinity_bonus,
+            "health_check_timeout": s.health_check_timeout, "global_ttl": s.global_ttl,
+            "unload_timeout": s.unload_timeout, "start_port": s.start_port,
+            "send_loading_state": s.send_loading_state,
+            "include_aliases_in_list": s.include_aliases_in_list,
+            "performance_monitoring": s.performance_monitoring, "preload": list(s.preload),
+        })
+        _full_clean(row, "", _SETTINGS_PATHS)
+        self.save(row, changed)
+
+    def delete_stale(self) -> None:
+        """Rows the file does not name go first, so they cannot clash with the new ones."""
+        parsed = self.parsed
+        self.deleted += ModelDefinition.objects.exclude(
+            model_id__in=[m.model_id for m in parsed.models]).delete()[0]
+        self.deleted += ModelGroup.objects.exclude(
+            group_id__in=[g.group_id for g in parsed.groups]).delete()[0]
+        self.deleted += ApiKey.objects.exclude(key_hash__in=list(self._keys())).delete()[0]
+
+    def groups(self) -> dict[str, ModelGroup]:
+        existing = {g.group_id: g for g in ModelGroup.objects.all()}
+        rows: dict[str, ModelGroup] = {}
+        for group in self.parsed.groups:
+            row = existing.get(group.group_id) or ModelGroup(group_id=group.group_id)
+            changed = _assign(row, {"swap": group.swap, "exclusive": group.exclusive,
+                                    "persistent": group.persistent})
+            _full_clean(row, f"groups.{group.group_id}", _GROUP_PATHS)
+            self.save(row, changed)
+            rows[group.group_id] = row
+        return rows
+
+    def models(self, groups: Mapping[str, ModelGroup]) -> None:
+        existing = {m.model_id: m for m in ModelDefinition.objects.all()}
+        planned: list[tuple[ModelDefinition, bool, ParsedModel]] = []
+        moving_aliases: list[int] = []
+        for model in self.parsed.models:
+            row = existing.get(model.model_id) or ModelDefinition(model_id=model.model_id)
+            if row.pk is not None and not (_same(row.aliases, list(model.aliases)) and _same(
+                    row.set_params_by_id, model.set_params_by_id)):
+                moving_aliases.append(row.pk)
+            changed = _assign(row, _model_values(model))
+            group = groups[model.group] if model.group else None
+            if row.group_id != (group.pk if group else None):
+                row.group = group
+                changed = True
+            planned.append((row, changed, model))
+        # An alias may move from one kept model to another. The file is already known to be
+        # consistent (the parser checked), but `clean()` compares each row with the others as
+        # they are now, so free the moving aliases before validating row by row.
+        if moving_aliases:
+            ModelDefinition.objects.filter(pk__in=moving_aliases).update(aliases=[],
+                                                                         set_params_by_id={})
+        for row, changed, model in planned:
+            _full_clean(row, f"models.{model.model_id}", _MODEL_PATHS)
+            self.save(row, changed)
+
+    def _keys(self) -> dict[str, tuple[str, str | None]]:
+        """sha256 -> (row name, prefix or None to keep the stored one), in file order."""
+        keys: dict[str, tuple[str, str | None]] = {}
+        for key in self.parsed.api_keys:
+            keys[hash_key(key)] = (api_key_name(key), key[:6])
+        for entry in self.parsed.api_key_hashes:
+            keys[entry.sha256] = (entry.name, entry.prefix)
+        return keys
+
+    def api_keys(self) -> int:
+        keys = self._keys()
+        existing = {k.key_hash: k for k in ApiKey.objects.all()}
+        # Names are unique too: park renamed rows on a placeholder so a swap of two names
+        # does not trip over itself.
+        for digest, (name, _) in keys.items():
+            row = existing.get(digest)
+            if row is not None and row.name != name:
+                ApiKey.objects.filter(pk=row.pk).update(name=f"~import-{row.pk}")
+        for index, (digest, (name, prefix)) in enumerate(keys.items()):
+            row = existing.get(digest) or ApiKey(key_hash=digest)
+            values: dict[str, Any] = {"name": name}
+            if prefix is not None:
+                values["prefix"] = prefix
+            changed = _assign(row, values)
+            _full_clean(row, _key_path(self.parsed, index), _KEY_PATHS)
+            self.save(row, changed)
+        return len(keys)
+
+
+def _model_values(m: ParsedModel) -> dict[str, Any]:
+    return {
+        "enabled": m.enabled, "name": m.name, "description": m.description, "cmd": m.cmd,
+        "cmd_stop": m.cmd_stop, "proxy": m.proxy, "port": m.port,
+        "check_endpoint": m.check_endpoint, "ttl": m.ttl, "unload_timeout": m.unload_timeout,
+        "aliases": list(m.aliases), "env": list(m.env), "unlisted": m.unlisted,
+        "use_model_name": m.use_model_name, "concurrency_limit": m.concurrency_limit,
+        "parallel": m.parallel, "strip_params": m.strip_params,
+        "set_params": json.loads(json.dumps(m.set_params)),
+        "set_params_by_id": json.loads(json.dumps(m.set_params_by_id)),
+        "metadata": json.loads(json.dumps(m.metadata)),
+        "capabilities": json.loads(json.dumps(m.capabilities)),
+        "send_loading_state": m.send_loading_state, "fifo_priority": m.fifo_priority,
+    }
+
+
+def _key_path(parsed: ParsedConfig, index: int) -> str:
+    plain = len(parsed.api_keys)
+    return f"apiKeys[{index}]" if index < plain else f"apiKeyHashes[{index - plain}]"
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+
+def _unport(text: str, port: int | None) -> str:
+    """Put `${PORT}` back where import wrote the allocated port, so a re-import re-allocates.
+
+    Import hands out ports again in sorted model-id order from startPort, so the same set of
+    `${PORT}` models gets the same numbers back.
+    """
+    if port is None:
+        return text
+    return re.sub(rf"(?<![0-9]){port}(?![0-9])", "${PORT}", text)
+
+
+def _explicit_aliases(model: ModelDefinition) -> list[str]:
+    """The aliases without the sorted tail that import adds for `setParamsByID` keys."""
+    aliases = list(model.aliases)
+    by_id = set(model.set_params_by_id or {}) - {model.model_id}
+    for cut in range(len(aliases) + 1):
+        head = aliases[:cut]
+        if head + sorted(by_id - set(head)) == aliases:
+            return head
+    return aliases
+
+
+def _export_model(m: ModelDefinition) -> dict[str, Any]:
+    """One `models.<id>` entry, leaving out every value that equals llama-swap's default."""
+    out: dict[str, Any] = {"cmd": _unport(m.cmd, m.port)}
+    optional: Iterable[tuple[str, Any, Any]] = (
+        ("cmdStop", _unport(m.cmd_stop, m.port), ""),
+        ("proxy", _unport(m.proxy, m.port), DEFAULT_PROXY),
+        ("checkEndpoint", m.check_endpoint, DEFAULT_CHECK_ENDPOINT),
+        ("name", m.name, ""),
+        ("description", m.description, ""),
+        ("ttl", m.ttl, -1),
+        ("unloadTimeout", m.unload_timeout, 0),
+        ("aliases", _explicit_aliases(m), []),
+        ("env", list(m.env), []),
+        ("unlisted", m.unlisted, False),
+        ("useModelName", m.use_model_name, ""),
+        ("concurrencyLimit", m.concurrency_limit, 0),
+        ("parallel", m.parallel, 1),
+        ("sendLoadingState", m.send_loading_state, None),
+        ("enabled", m.enabled, True),
+        ("metadata", m.metadata, {}),
+        ("capabilities", m.capabilities, {}),
+    )
+    for key, value, default in optional:
+        if value != default or type(value) is not type(default):
+            out[key] = value
+    filters = {key: value for key, value in (("stripParams", m.strip_params),
+                                             ("setParams", m.set_params),
+                                             ("setParamsByID", m.set_params_by_id)) if value}
+    if filters:
+        out["filters"] = filters
+    return out
+
+
+def export_config() -> dict[str, Any]:
+    """The database as a llama-swap-shaped mapping that `import_config` maps back to it.
+
+    Settings are written in full; model entries leave out defaults. API keys can only be
+    written as `apiKeyHashes` (the database never had the keys themselves).
+    """
+    s = ProxySettings.objects.filter(pk=1).first() or ProxySettings()
+    defs = list(ModelDefinition.objects.select_related("group").order_by("model_id"))
+    out: dict[str, Any] = {
+        "healthCheckTimeout": s.health_check_timeout,
+        "globalTTL": s.global_ttl,
+        "unloadTimeout": s.unload_timeout,
+        "startPort": s.start_port,
+        "sendLoadingState": s.send_loading_state,
+        "includeAliasesInList": s.include_aliases_in_list,
+        "performance": {"disabled": not s.performance_monitoring},
+        "models": {m.model_id: _export_model(m) for m in defs},
+    }
+    groups = list(ModelGroup.objects.order_by("group_id"))
+    if groups:
+        out["groups"] = {
+            g.group_id: {"swap": g.swap, "exclusive": g.exclusive, "persistent": g.persistent,
+                         "members": [m.model_id for m in defs if m.group_id == g.pk]}
+            for g in groups}
+    scheduler_settings: dict[str, Any] = {
+        "serial": {"agingDivisor": s.aging_divisor, "swapAffinityBonus": s.swap_affinity_bonus}}
+    priority = {m.model_id: m.fifo_priority for m in defs if m.fifo_priority}
+    if priority:
+        scheduler_settings["fifo"] = {"priority": priority}
+    out["routing"] = {"scheduler": {"use": s.scheduler, "settings": scheduler_settings}}
+    if s.preload:
+        out["hooks"] = {"on_startup": {"preload": list(s.preload)}}
+    keys = list(ApiKey.objects.order_by("name"))
+    if keys:
+        out["apiKeyHashes"] = [{"name": k.name, "sha256": k.key_hash, "prefix": k.prefix}
+                               for k in keys]
+    return out
+
+
+def export_yaml() -> str:
+    header = ("# Exported by `gpuproxy export_config`: a llama-swap config plus gpuproxy's\n"
+              "# extensions (parallel, enabled, apiKeyHashes, the serial scheduler).\n"
+              "# `gpuproxy import_config` of this file recreates the same database state.\n")
+    return header + dump_yaml(export_config())

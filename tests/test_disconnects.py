@@ -1,0 +1,175 @@
+"""Every window in which a client can leave, in-process through the real ASGI application.
+
+Channels' ApplicationCommunicator lets the test send `http.disconnect` at an exact moment; the
+upstreams are real fake-server processes, the database is real PostgreSQL. Each test asserts
+that the scheduler saw the request end (Cancelled or ServeDone), that the upstream was told
+(it logs "client went away"), and that the slot was freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from channels.testing import ApplicationCommunicator
+
+from gpuproxy import runtime
+from gpuproxy.asgi import application
+from gpuproxy.logbuffer import registry as logs
+from scheduling.core.events import Cancelled, RequestArrived, ServeDone, SwapDone
+from scheduling.importer import import_config
+from scheduling.llamaswap import parse_config
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAKE = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
+
+
+def config(start: int) -> str:
+    return f"""
+startPort: {start}
+healthCheckTimeout: 15
+models:
+  alpha:
+    cmd: {FAKE} --tps 20
+  beta:
+    cmd: {FAKE} --load-seconds 1.5
+groups:
+  pair:
+    swap: true
+    members: [alpha, beta]
+"""
+
+
+@pytest.fixture
+async def rt():
+    parsed = parse_config(config(free_port()), {})
+    await runtime.run_db(lambda: import_config(parsed))
+    r = await runtime.get()
+    r.run_loop.processed = asyncio.Queue()
+    yield r
+    await runtime.shutdown()
+
+
+async def until(rt: runtime.Runtime, kind: type, within: float = 20):
+    """The next processed event of `kind` (events of other kinds are skipped)."""
+    async with asyncio.timeout(within):
+        while True:
+            ev = await rt.run_loop.processed.get()
+            if isinstance(ev, kind):
+                return ev
+
+
+async def upstream_said(model: str, text: str, within: float = 10) -> str:
+    buf = logs.get(model)
+    with buf.subscribe() as queue:
+        for line in buf.history():
+            if text in line:
+                return line
+        async with asyncio.timeout(within):
+            while True:
+                line = await queue.get()
+                if text in line:
+                    return line
+
+
+def request(body: dict, headers: list | None = None) -> ApplicationCommunicator:
+    comm = ApplicationCommunicator(application, {
+        "type": "http", "http_version": "1.1", "method": "POST",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "scheme": "http",
+        "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
+    })
+    return comm
+
+
+async def send(comm: ApplicationCommunicator, body: dict) -> None:
+    await comm.send_input({"type": "http.request", "body": json.dumps(body).encode(),
+                           "more_body": False})
+
+
+def chat(model: str, **kw) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "x"}], **kw}
+
+
+def assert_free(rt: runtime.Runtime, model: str) -> None:
+    s = rt.run_loop.scheduler
+    assert s.in_flight(model) == 0
+    assert s.reserved(model) == 0
+    assert s.queued() == []
+
+
+async def test_disconnect_mid_stream(rt):
+    comm = request({})
+    await send(comm, chat("alpha", stream=True, max_tokens=200))
+    start = await comm.receive_output(30)
+    assert start["status"] == 200
+    first = await comm.receive_output(10)
+    assert first["body"]
+    await comm.send_input({"type": "http.disconnect"})
+    await until(rt, ServeDone)
+    line = await upstream_said("alpha", "client went away")
+    assert int(line.split("after ")[1].split()[0]) < 200
+    assert_free(rt, "alpha")
+    await comm.wait(5)
+
+
+async def test_disconnect_before_first_byte(rt):
+    comm = request({}, [(b"x-fake-hold", b"30")])
+    await send(comm, chat("alpha", max_tokens=1))
+    await until(rt, SwapDone)  # alpha loaded and the request granted
+    await comm.send_input({"type": "http.disconnect"})
+    await until(rt, ServeDone)
+    await upstream_said("alpha", "client went away after 0 tokens")
+    assert_free(rt, "alpha")
+    await comm.wait(5)
+
+
+async def test_disconnect_non_streaming_mid_generation(rt):
+    comm = request({})
+    await send(comm, chat("alpha", max_tokens=200))  # 10 s at 20 tok/s, sent at the end
+    await until(rt, SwapDone)
+    await comm.send_input({"type": "http.disconnect"})
+    await until(rt, ServeDone)
+    await upstream_said("alpha", "client went away")
+    assert_free(rt, "alpha")
+    await comm.wait(5)
+
+
+async def test_disconnect_while_waiting_for_a_load(rt):
+    comm = request({})
+    await send(comm, chat("beta", max_tokens=1))  # beta takes 1.5 s to load
+    await until(rt, RequestArrived)
+    await comm.send_input({"type": "http.disconnect"})
+    await until(rt, Cancelled)
+    assert rt.run_loop.scheduler.reserved("beta") == 0
+    done = await until(rt, SwapDone)  # the swap still completes (llama-swap parity)...
+    assert done.model == "beta" and done.error is None
+    assert_free(rt, "beta")  # ...and serves nobody
+    await comm.wait(5)
+
+
+async def test_disconnect_while_queued_never_loads(rt):
+    """A queued client that leaves must never cause a load (beta would evict busy alpha)."""
+    busy = request({}, [(b"x-fake-hold", b"2")])
+    await send(busy, chat("alpha", max_tokens=1))
+    await until(rt, SwapDone)
+    queued = request({})
+    await send(queued, chat("beta", max_tokens=1))
+    await until(rt, RequestArrived)
+    assert [r.model for r in rt.run_loop.scheduler.queued()] == ["beta"]
+    await queued.send_input({"type": "http.disconnect"})
+    await until(rt, Cancelled)
+    assert rt.run_loop.scheduler.queued() == []
+    start = await busy.receive_output(30)  # alpha's request completes normally
+    assert start["status"] == 200
+    await until(rt, ServeDone)
+    assert rt.upstreams.existing("beta") is None  # beta was never started
+    assert_free(rt, "alpha")
+    await busy.send_input({"type": "http.disconnect"})
+    await busy.wait(5)
+    await queued.wait(5)
