@@ -3,11 +3,17 @@
 Connect is short (the upstream is local and was just health-checked); the read timeout is per
 socket read, so it bounds the wait for the first token and any silence mid-stream, not the
 length of a generation. Bytes are relayed raw (no decompression, no re-chunking).
+
+The transport is aiohttp's, behind httpx's API (`httpx-aiohttp`): httpx's own transport cost
+1.6-9x more proxy CPU per request here (`bench/upstream_transport.py`, encode/httpx#3215).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 600.0  # longest time-to-first-token or silence we accept from an upstream
@@ -19,27 +25,33 @@ HOP_BY_HOP = frozenset({
 RESPONSE_DROP = HOP_BY_HOP - {b"content-length"}
 
 _client: httpx.AsyncClient | None = None
+_client_loop: asyncio.AbstractEventLoop | None = None
 
 
 def client() -> httpx.AsyncClient:
-    """The shared client; created lazily in the serving loop."""
-    global _client
-    if _client is None:
+    """The shared client, created lazily for the running loop (its pool belongs to it)."""
+    global _client, _client_loop
+    loop = asyncio.get_running_loop()
+    if _client is None or _client_loop is not loop:
+        _client_loop = loop
+        # aiohttp caps connections at 100 unless told: the scheduler is the real limit.
+        limits = httpx.Limits(max_connections=10_000, max_keepalive_connections=256,
+                              keepalive_expiry=30.0)
         _client = httpx.AsyncClient(
+            # trust_env off: a system HTTP proxy must never sit between us and localhost
+            transport=AiohttpTransport(limits=limits, trust_env=False),
             timeout=httpx.Timeout(CONNECT_TIMEOUT, read=READ_TIMEOUT, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                keepalive_expiry=30.0),
-            trust_env=False,  # a system HTTP proxy must never sit between us and localhost
+            trust_env=False,
             follow_redirects=False,
         )
     return _client
 
 
 async def close() -> None:
-    global _client
-    if _client is not None:
+    global _client, _client_loop
+    if _client is not None and _client_loop is asyncio.get_running_loop():
         await _client.aclose()
-        _client = None
+    _client = _client_loop = None
 
 
 def request_headers(headers: list[tuple[bytes, bytes]], body_len: int

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from django.db import close_old_connections
 
+from gpuproxy import relay
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
 from scheduling.catalog import Catalog
@@ -74,6 +75,7 @@ class Runtime:
     async def shutdown(self) -> None:
         await self.run_loop.shutdown()
         await self.upstreams.shutdown()
+        await relay.close()
 
 
 _runtime: Runtime | None = None

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.conftest import FAKE, database_url, free_port, processes_matching
@@ -193,5 +194,18 @@ def test_example_config_serves_the_demo(serve):
     assert proxy.http.post("/api/models/load/big-writer").status_code == 200
     states = {m["model"]: m["state"] for m in proxy.http.get("/running").json()["running"]}
     assert "big-coder" not in states and states["big-writer"] == "ready"
+    # the openai client streams from every demo model, alternating; each answer comes from
+    # the right upstream (fakellm names model and port in system_fingerprint)
+    oa = openai.OpenAI(base_url=proxy.base + "/v1", api_key="x", max_retries=0,
+                       http_client=httpx.Client(trust_env=False, timeout=60))
+    ports = {"big-coder": 5800, "big-writer": 5801, "small-chat": 5802}  # startPort, sorted ids
+    for model in ["big-coder", "small-chat", "big-writer", "big-coder", "small-chat"]:
+        chunks = list(oa.chat.completions.create(
+            model=model, stream=True, max_tokens=3,
+            messages=[{"role": "user", "content": "hello"}]))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) \
+            == "tok0 tok1 tok2 "
+        assert {c.model for c in chunks} == {model}
+        assert {c.system_fingerprint for c in chunks} == {f"fakellm:{model}:{ports[model]}"}
     assert proxy.http.post("/api/models/unload").status_code == 200
     assert proxy.http.get("/running").json() == {"running": []}
