@@ -12,6 +12,20 @@ from typing import Any
 from scheduling.core.config import SchedulerConfig
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """Why a request was granted when it was: written by the scheduler at the grant, read by
+    the shell for the activity log and metrics."""
+
+    band: str  # "interactive" | "normal" | "batch", from the request's priority
+    score: float  # the score it won with (fifo: its effective priority)
+    priority: int  # the priority term (fifo: model fifo priority + the request's)
+    affinity: float  # the swap-affinity term (0 under fifo)
+    aging: float  # the aging term, seconds waited / agingDivisor (0 under fifo)
+    seq: int  # arrival sequence, the tie-breaker
+    queue_wait: float  # seconds from arrival to grant
+
+
 @dataclass(eq=False)
 class Request:
     """One client waiting for a model, as the core sees it.
@@ -25,6 +39,7 @@ class Request:
     arrived: float  # `now` of its RequestArrived
     priority: int = 0  # the request's own priority (X-LlamaSwap-Priority); 0 when absent
     handle: Any = field(default=None, repr=False)
+    dispatch: Dispatch | None = None  # set by the scheduler when it grants the request
 
 
 @dataclass(frozen=True)
