@@ -38,6 +38,9 @@ from gpuproxy.inference import (
 from gpuproxy.processes import State
 from scheduling.catalog import Catalog
 from scheduling.core.errors import ModelNotFound, SchedulingError
+from scheduling.core.priority import parse_priority
+
+PRIORITY_HEADER = b"x-llamaswap-priority"
 
 logger = logging.getLogger("gpuproxy.proxy")
 
@@ -211,8 +214,9 @@ class ProxyConsumer(AsyncHttpConsumer):
     async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
                       body: bytes) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives."""
+        priority = parse_priority(dict(self.scope["headers"]).get(PRIORITY_HEADER))
         try:
-            grant = await rt.run_loop.acquire(model, priority=0)
+            grant = await rt.run_loop.acquire(model, priority)
         except SchedulingError as exc:
             await self.send_error(exc)
             return

@@ -36,6 +36,8 @@ from scheduling.core.events import (
 
 logger = logging.getLogger("gpuproxy.run_loop")
 
+SchedulerFactory = Callable[[SchedulerConfig, "RunLoop", Scheduler | None], Scheduler]
+
 _STATE = {
     State.STOPPED: fx.STOPPED,
     State.STARTING: fx.STARTING,
@@ -75,14 +77,15 @@ class Grant:
 class RunLoop:
     """Owns the scheduler; implements its Effects with the upstream processes."""
 
-    def __init__(self, upstreams: Upstreams, make_scheduler: Callable[[RunLoop], Scheduler]
-                 ) -> None:
+    def __init__(self, upstreams: Upstreams, config: SchedulerConfig,
+                 make_scheduler: SchedulerFactory) -> None:
         self.upstreams = upstreams
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
-        self.scheduler = make_scheduler(self)
+        self._make_scheduler = make_scheduler
+        self.scheduler = make_scheduler(config, self, None)
         # Test hook: when set, every processed event is put here after its handler ran.
         self.processed: asyncio.Queue[Event] | None = None
         self._task: asyncio.Task | None = None
@@ -129,6 +132,12 @@ class RunLoop:
             case UnloadDone():
                 s.on_unload_done(event)
             case SettingsChanged():
+                if event.config.scheduler != s.config.scheduler:
+                    # A policy switch (fifo <-> serial) hands the queue, swaps and in-flight
+                    # books to the new scheduler; nothing waiting is lost.
+                    logger.info("scheduler changed from %s to %s", s.config.scheduler,
+                                event.config.scheduler)
+                    s = self.scheduler = self._make_scheduler(event.config, self, s)
                 s.on_settings_changed(event)
             case Tick():
                 s.on_tick(event)

@@ -9,7 +9,9 @@ stalls every Channels consumer (`django-stack-notes.md` §6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -20,6 +22,7 @@ from gpuproxy import relay
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
 from scheduling.catalog import Catalog
+from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import Scheduler
 
 T = TypeVar("T")
@@ -47,19 +50,49 @@ async def _load_catalog() -> Catalog:
     return await run_db(build_catalog)
 
 
-def make_scheduler(catalog: Catalog) -> Callable[[RunLoop], Scheduler]:
-    from scheduling.core.fifo import Fifo
+def make_scheduler(config: SchedulerConfig, loop: RunLoop, previous: Scheduler | None
+                   ) -> Scheduler:
+    from scheduling.core.policies import make_scheduler as make
 
-    def build(loop: RunLoop) -> Scheduler:
-        return Fifo(catalog.scheduler_config(), loop)
+    return make(config, loop, previous)
 
-    return build
+
+RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
 
 
 class Runtime:
     def __init__(self, upstreams: Upstreams, run_loop: RunLoop) -> None:
         self.upstreams = upstreams
         self.run_loop = run_loop
+        self._watcher: asyncio.Task | None = None
+
+    def start_watcher(self, every: float = RELOAD_SECONDS) -> None:
+        """Poll the database for definition changes made by another process (a re-import,
+        a shell) and apply them without a restart."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(every),
+                                                                   name="catalog-watcher")
+
+    async def _watch(self, every: float) -> None:
+        from scheduling.catalog import fingerprint
+
+        failing = False
+        while True:
+            await asyncio.sleep(every)
+            try:
+                stamp = await run_db(fingerprint)
+                if stamp != self.catalog.fingerprint:
+                    logger.info("model definitions changed in the database: applying them")
+                    await self.reload()
+                if failing:
+                    logger.info("database reachable again: watching definitions")
+                failing = False
+            except Exception as exc:
+                if not failing:
+                    logger.warning("cannot check the database for definition changes (%s); "
+                                   "the proxy keeps serving with what it has and retries",
+                                   exc)
+                failing = True
 
     @property
     def catalog(self) -> Catalog:
@@ -73,6 +106,10 @@ class Runtime:
             await self.run_loop.unload(removed)
 
     async def shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.run_loop.shutdown()
         await self.upstreams.shutdown()
         await relay.close()
@@ -97,7 +134,7 @@ async def get() -> Runtime:
     try:
         upstreams = Upstreams(_load_catalog)
         catalog, _ = await upstreams.refresh()
-        run_loop = RunLoop(upstreams, make_scheduler(catalog))
+        run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()
         _runtime = Runtime(upstreams, run_loop)
     except BaseException as exc:

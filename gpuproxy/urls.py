@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/models/unload", views.unload_all),
     re_path(r"^api/models/unload/(?P<model>.+)$", views.unload_model),
     path("unload", views.unload_all_legacy),
+    path("api/queue", views.queue),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),

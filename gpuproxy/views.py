@@ -55,6 +55,25 @@ async def unload_model(request: HttpRequest, model: str) -> HttpResponse:
     return JsonResponse({"msg": "ok", "model": model_id})
 
 
+@api_view(("GET",))
+async def queue(request: HttpRequest) -> HttpResponse:
+    """Who waits for what, in dispatch order: an advisory read on the run loop's own thread."""
+    from scheduling.core.priority import band
+
+    rt = await runtime.get()
+    sched = rt.run_loop.scheduler
+    now = rt.run_loop.now()
+    waiting = [
+        {"position": i, "model": r.model, "priority": r.priority, "band": band(r.priority),
+         "waited_s": round(now - r.arrived, 3), "seq": r.seq}
+        for i, r in enumerate(sched.queued(), 1)
+    ]
+    swaps = {m: len(w) for m, w in sched.active_swaps().items()}
+    in_flight = {m: n for m in rt.catalog.models if (n := sched.in_flight(m))}
+    return JsonResponse({"scheduler": sched.config.scheduler, "queued": waiting,
+                         "loading": swaps, "in_flight": in_flight})
+
+
 async def _unload_everything() -> None:
     rt = await runtime.get()
     await rt.run_loop.unload(rt.upstreams.running_ids())

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Count, Max
+
 from gpuproxy.spec import UpstreamSpec
 from scheduling.core.config import ModelConfig, SchedulerConfig
 from scheduling.core.swapper import Group, GroupSwapper
@@ -49,6 +51,7 @@ class Catalog:
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
     include_aliases_in_list: bool = False
+    fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:
         """A model id for a requested name (id or alias), or None when nothing matches."""
@@ -84,8 +87,27 @@ def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
     return ports
 
 
+def fingerprint() -> tuple:
+    """A cheap summary that changes whenever anything the catalog holds changes.
+
+    Polled by the running proxy so that a re-import or a save from another process applies
+    without a restart (the admin issue adds PostgreSQL NOTIFY on top of this).
+    """
+    version = ProxySettings.objects.filter(pk=1).values_list("version", flat=True).first()
+    models = ModelDefinition.objects.aggregate(n=Count("id"), last=Max("updated_at"))
+    groups = tuple(ModelGroup.objects.order_by("group_id").values_list(
+        "group_id", "swap", "exclusive", "persistent"))
+    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name"))
+    return (version, models["n"], models["last"], groups, keys)
+
+
 def build_catalog() -> Catalog:
-    """Read everything the proxy needs in one go. Runs in a worker thread (it uses the ORM)."""
+    """Read everything the proxy needs in one go. Runs in a worker thread (it uses the ORM).
+
+    The fingerprint is read first: a change that lands while the rest is read makes the
+    stored fingerprint stale, so the next poll reloads again rather than missing it.
+    """
+    stamp = fingerprint()
     settings = ProxySettings.load()
     defs = list(ModelDefinition.objects.filter(enabled=True).select_related("group"))
     ports = _allocate_ports(defs, settings.start_port)
@@ -134,4 +156,5 @@ def build_catalog() -> Catalog:
         aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
         include_aliases_in_list=settings.include_aliases_in_list,
+        fingerprint=stamp,
     )

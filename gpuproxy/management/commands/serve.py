@@ -40,6 +40,15 @@ def endpoint_for(host: str, port: int) -> str:
     return f"tcp:port={port}:interface={interface}"
 
 
+async def start(preload_models: list[str]) -> None:
+    """Once listening: watch the database for changes, then run the preload hook."""
+    from gpuproxy import runtime
+
+    rt = await runtime.get()
+    rt.start_watcher()
+    await preload(preload_models)
+
+
 async def preload(models: list[str]) -> None:
     """llama-swap's `hooks.on_startup.preload`: load each in order; a failure is logged only."""
     from gpuproxy import runtime
@@ -85,10 +94,9 @@ class Command(BaseCommand):
 
         def on_running() -> None:
             logger.info("gpuproxy listening on http://%s:%d", host, port)
-            if preload_list:
-                task = asyncio.ensure_future(preload(preload_list))
-                background.add(task)
-                task.add_done_callback(background.discard)
+            task = asyncio.ensure_future(start(preload_list))
+            background.add(task)
+            task.add_done_callback(background.discard)
 
         def before_shutdown() -> defer.Deferred:
             logger.info("gpuproxy stopping: unloading upstreams")
