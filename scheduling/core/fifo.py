@@ -27,6 +27,7 @@ from scheduling.core.errors import (
 )
 from scheduling.core.events import (
     Cancelled,
+    Dispatch,
     Request,
     RequestArrived,
     ServeDone,
@@ -37,6 +38,9 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
+from scheduling.core.handover import SchedulerState, SwapState
+from scheduling.core.priority import band
+from scheduling.core.stats import SchedulerStats, queue_snapshot
 
 logger = logging.getLogger("scheduling.fifo")
 
@@ -85,10 +89,17 @@ class Fifo:
         self._reserved: dict[str, int] = {}
         self._unloading: dict[str, int] = {}  # model → UnloadRequested not yet done
         self._shut_down = False
+        self._now = 0.0  # the `now` of the last event
+        self._stats = SchedulerStats()
 
     @property
     def config(self) -> SchedulerConfig:
         return self._config
+
+    @property
+    def now(self) -> float:
+        """The `now` of the last event handled (the core never reads a clock)."""
+        return self._now
 
     # ---- read-only introspection (metrics, tests) -----------------------------------------
 
@@ -107,6 +118,66 @@ class Fifo:
     def active_swaps(self) -> dict[str, list[Request]]:
         """Each swap in progress: target → the requests waiting for it."""
         return {target: list(swap.waiters) for target, swap in self._active.items()}
+
+    def pick(self, now: float) -> Request | None:
+        """The request the next drain considers first (the queue head), or None. No side
+        effects; `now` is unused (fifo has no aging) and kept for parity with Serial.pick."""
+        return self._queue[0] if self._queue else None
+
+    def stats(self) -> SchedulerStats:
+        """A copy of the counters. fifo has no aging or affinity term: those stay 0."""
+        return self._stats.copy()
+
+    def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
+        waiting on a swap. Every band is present."""
+        waiting = [*self._queue, *(w for s in self._active.values() for w in s.waiters)]
+        return queue_snapshot(waiting, now)
+
+    # ---- policy switch (scheduling/core/handover.py) --------------------------------------
+
+    def export_state(self) -> SchedulerState:
+        """Move every book into a SchedulerState and leave this scheduler empty and shut down
+        (a late request gets ShuttingDown; a late ServeDone raises): hand it to
+        `Serial.from_state` (or `Fifo.from_state`) and stop sending events here."""
+        state = SchedulerState(
+            queued=list(self._queue),
+            swaps=[SwapState(s.target, list(s.evict), list(s.waiters))
+                   for s in self._active.values()],
+            serving=dict(self._serving),
+            unloading=dict(self._unloading),
+            shut_down=self._shut_down,
+            now=self._now,
+            stats=self._stats.copy(),
+            positions=dict(self._positions),
+        )
+        self._queue, self._active, self._serving = [], {}, {}
+        self._in_flight, self._holders, self._reserved = {}, set(), {}
+        self._unloading, self._positions = {}, {}
+        self._shut_down = True
+        return state
+
+    @classmethod
+    def from_state(cls, state: SchedulerState, config: SchedulerConfig, fx: Effects) -> Fifo:
+        """A Fifo holding `state`'s requests, swaps, in-flight counts, slots and unloads, with
+        `on_settings_changed` applied for `config`: requests for models it does not define get
+        ModelNotFound, the queue is sorted by fifo's rank, then drained."""
+        s = cls(config, fx)
+        for r in state.holders():
+            s._reserve(r)
+        s._queue = list(state.queued)
+        for sw in state.swaps:
+            s._active[sw.target] = _Swap(sw.target, list(sw.evict), list(sw.waiters))
+        for r, model in state.serving.items():
+            s._serving[r] = model
+            s._in_flight[model] = s._in_flight.get(model, 0) + 1
+        s._unloading = dict(state.unloading)
+        s._shut_down = state.shut_down
+        s._now = state.now
+        s._stats = state.stats.copy()
+        s._positions = dict(state.positions)
+        s.on_settings_changed(SettingsChanged(config, state.now))
+        return s
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -131,6 +202,7 @@ class Fifo:
 
         Steps 3-8 are `_place`, which every drain re-applies to the queue in order.
         """
+        self._now = ev.now
         req = ev.req
         if req in self._holders or req in self._serving:
             raise InvariantViolation(f"request seq={req.seq} arrived twice")
@@ -160,6 +232,7 @@ class Fifo:
         half-loaded models is worse than finishing. A Cancelled for a request already granted
         (the shell then sends ServeDone), already answered or never seen is ignored.
         """
+        self._now = ev.now
         req = ev.req
         if req in self._queue:
             self._queue.remove(req)
@@ -183,6 +256,7 @@ class Fifo:
         out) — this is also how waiters learn that an unload aborted their swap.
         A SwapDone with no active swap (stale, or after shutdown) is ignored.
         """
+        self._now = ev.now
         swap = self._active.pop(ev.model, None)
         if swap is None:
             return
@@ -204,6 +278,7 @@ class Fifo:
         llama-swap drains only when the count reaches 0; draining every time costs one walk of
         the queue and also picks up state changes the shell reported no event for.
         """
+        self._now = ev.now
         model = self._serving.pop(ev.req, None)
         if model is None:
             raise InvariantViolation(
@@ -228,12 +303,14 @@ class Fifo:
         waiters. Requests in flight are not waited for: an explicit unload is the operator's
         call (llama-swap parity); their ServeDone arrives as usual.
         """
+        self._now = ev.now
         for m in ev.models:
             self._unloading[m] = self._unloading.get(m, 0) + 1
         self._fx.stop_processes(ev.models, ev.handle)
 
     def on_unload_done(self, ev: UnloadDone) -> None:
         """The stop finished: lift the block and drain (a queued request now starts fresh)."""
+        self._now = ev.now
         for m in ev.models:
             left = self._unloading.get(m, 0) - 1
             if left > 0:
@@ -249,6 +326,7 @@ class Fifo:
         A swap to a removed model keeps its record until its SwapDone (the shell is still
         loading it); requests in flight on a removed model keep their slot until ServeDone.
         """
+        self._now = ev.now
         self._config = ev.config
         models = ev.config.models
         for req in [r for r in self._queue if r.model not in models]:
@@ -265,12 +343,14 @@ class Fifo:
 
     def on_tick(self, ev: Tick) -> None:
         """Nothing to do: fifo has no aging (the serial scheduler re-ranks its queue here)."""
+        self._now = ev.now
 
     def on_shutdown(self, ev: Shutdown) -> None:
         """Answer ShuttingDown to everyone queued or waiting, and to every later request.
 
         Requests in flight are the shell's to finish; their ServeDone is still accepted.
         """
+        self._now = ev.now
         self._shut_down = True
         queued, self._queue = self._queue, []
         self._positions.clear()
@@ -352,11 +432,18 @@ class Fifo:
         return (-((mc.fifo_priority if mc else 0) + req.priority), req.seq)
 
     def _grant(self, req: Request, model: str) -> None:
-        """Hand `req` to `model`. Only a grant the client received counts in flight: counting
-        a refused one would strand the count and block every later eviction of `model`."""
+        """Hand `req` to `model`, its Dispatch record written first. Only a grant the client
+        received counts in flight: counting a refused one would strand the count and block
+        every later eviction of `model`."""
+        mc = self._config.models.get(model)
+        effective = (mc.fifo_priority if mc else 0) + req.priority
+        wait = self._now - req.arrived
+        req.dispatch = Dispatch(band=band(req.priority), score=effective, priority=effective,
+                                affinity=0.0, aging=0.0, seq=req.seq, queue_wait=wait)
         if self._fx.grant_serve(req, model):
             self._serving[req] = model
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
+            self._stats.dispatched[req.dispatch.band] += 1
         else:
             self._release(req)
 

@@ -1,0 +1,52 @@
+"""A scheduler's books as plain data, so a live policy switch (fifo <-> serial) loses nothing.
+
+`Fifo.export_state()` / `Serial.export_state()` move everything a scheduler holds into a
+`SchedulerState` and leave the old instance empty and refusing (ShuttingDown to any late
+request), and `Fifo.from_state(...)` / `Serial.from_state(...)` build the other policy from it.
+`scheduling.core.policies.make_scheduler` chooses between them. Pure: no Django, no asyncio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.core.events import Request
+from scheduling.core.stats import SchedulerStats
+
+
+class HandoverError(AssertionError):
+    """A state that cannot be adopted (one request in two places): a bug, never guessed."""
+
+
+@dataclass
+class SwapState:
+    """A swap started with `Effects.start_swap` whose SwapDone has not arrived."""
+
+    target: str
+    evict: list[str]
+    waiters: list[Request] = field(default_factory=list)  # admitted, waiting for this swap
+
+
+@dataclass
+class SchedulerState:
+    """Everything a scheduler holds. Every admitted request is in exactly one of `queued`,
+    a swap's `waiters` or `serving`; each of them holds one admission slot of its model."""
+
+    queued: list[Request] = field(default_factory=list)  # admitted, not granted, in any order
+    swaps: list[SwapState] = field(default_factory=list)
+    serving: dict[Request, str] = field(default_factory=dict)  # granted → model, until ServeDone
+    unloading: dict[str, int] = field(default_factory=dict)  # model → unloads not yet done
+    shut_down: bool = False
+    now: float = 0.0  # the `now` of the last event the exporter saw
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
+    positions: dict[Request, int] = field(default_factory=dict)  # last position reported
+
+    def holders(self) -> list[Request]:
+        """Every request holding a slot; raises HandoverError if one appears twice."""
+        out = [*self.queued, *(w for s in self.swaps for w in s.waiters), *self.serving]
+        if len(set(out)) != len(out):
+            raise HandoverError("a request is in two places in the handed-over state")
+        targets = [s.target for s in self.swaps]
+        if len(set(targets)) != len(targets):
+            raise HandoverError("two active swaps to one target in the handed-over state")
+        return out
