@@ -7,7 +7,10 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["scheduling.core.swapper", "scheduling.llamaswap",
-                                    "gpuproxy.spec"])
+                                    "gpuproxy.spec", "scheduling.core.fifo",
+                                    "scheduling.core.priority", "scheduling.core.serial",
+                                    "scheduling.core.stats", "scheduling.core.handover",
+                                    "scheduling.core.policies"])
 def test_pure_module_imports_without_django(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('django', 'asyncio') if m in sys.modules]; "

@@ -342,7 +342,7 @@ class Fifo:
         self._drain()
 
     def on_tick(self, ev: Tick) -> None:
-        """Nothing to do: fifo has no aging (the serial scheduler re-ranks its queue here)."""
+        """Nothing to do: fifo has no aging (serial walks its queue here)."""
         self._now = ev.now
 
     def on_shutdown(self, ev: Shutdown) -> None:

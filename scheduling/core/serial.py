@@ -135,6 +135,9 @@ class Serial:
         self._order_ranks: list[tuple[float, int]] = []
         self._order_affine: set[str] = set()
         self._report_from = 0  # positions from this index on may have changed
+        # Pushed since the last report and not yet placed in `_order` (placed at the report,
+        # so a request granted in the handler that queued it costs no position work).
+        self._pending: dict[Request, None] = {}
 
     @property
     def config(self) -> SchedulerConfig:
@@ -152,7 +155,7 @@ class Serial:
         does not depend on `now` (linear aging), only on the queue and on which models are
         loaded. O(n) (O(n log n) if the loaded set changed since the last event)."""
         affine = self._affine()
-        if self._order is not None and affine == self._order_affine:
+        if self._order is not None and not self._pending and affine == self._order_affine:
             return list(self._order)
         return [r for _, r in self._ranked(affine)]
 
@@ -246,7 +249,7 @@ class Serial:
         self._now = ev.now
         req = ev.req
         if req in self._live:
-            self._remove(req)
+            self._forget(req)
             self._release(req)
             self._dispatch()
             return
@@ -319,14 +322,14 @@ class Serial:
         swap) for models it no longer defines get ModelNotFound; a new aging divisor re-keys
         the heaps; the queue is re-ranked (new bonus, divisor) and walked."""
         self._now = ev.now
-        self._order = None  # ranks change with the bonus and the divisor: rebuilt below
+        self._invalidate_order()  # ranks change with the bonus and the divisor
         old_div = self._div
         self._config = ev.config
         self._div = aging_divisor_of(ev.config)
         self._bonus = affinity_bonus_of(ev.config)
         models = ev.config.models
         for r in [r for r in self._live if r.model not in models]:
-            self._remove(r)
+            self._forget(r)
             self._fail(r, ModelNotFound(r.model))
         for swap in self._active.values():
             if swap.target not in models:
@@ -355,7 +358,7 @@ class Serial:
         queued = self.queued()
         self._heaps, self._pheaps, self._live, self._count = {}, {}, {}, {}
         self._positions.clear()
-        self._order, self._order_ranks = None, []
+        self._invalidate_order()
         for r in queued:
             self._fail(r, ShuttingDown())
         for swap in self._active.values():
@@ -382,7 +385,7 @@ class Serial:
         self._heaps, self._pheaps, self._live, self._count = {}, {}, {}, {}
         self._active, self._serving, self._in_flight = {}, {}, {}
         self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
-        self._order, self._order_ranks = None, []
+        self._invalidate_order()
         self._shut_down = True
         return state
 
@@ -608,11 +611,7 @@ class Serial:
         heapq.heappush(self._pheaps[m], (-req.priority, req.seq, token, req))
         self._count[m] += 1
         if self._order is not None:
-            rank = self._cached_rank(req)
-            i = bisect.bisect_left(self._order_ranks, rank)
-            self._order_ranks.insert(i, rank)
-            self._order.insert(i, req)
-            self._report_from = min(self._report_from, i)
+            self._pending[req] = None
 
     def _is_live(self, entry: _Entry) -> bool:
         return self._live.get(entry[3]) == entry[2]
@@ -633,13 +632,15 @@ class Serial:
         """`req` leaves the queue: its entries go stale; drop the model's heaps when empty."""
         del self._live[req]
         self._positions.pop(req, None)
-        if self._order is not None:
+        if req in self._pending:
+            del self._pending[req]
+        elif self._order is not None:
             i = bisect.bisect_left(self._order_ranks, self._cached_rank(req))
             if i < len(self._order) and self._order[i] is req:
                 del self._order_ranks[i], self._order[i]
                 self._report_from = min(self._report_from, i)
             else:  # cannot happen while ranks are consistent; never guess
-                self._order = None
+                self._invalidate_order()
         m = req.model
         left = self._count[m] - 1
         if left == 0:
@@ -649,11 +650,9 @@ class Serial:
         if len(self._heaps[m]) + len(self._pheaps[m]) > 4 * left + 64:
             self._rebuild(m)  # too many stale entries: O(n) now, amortised O(1)
 
-    def _remove(self, req: Request) -> None:
-        self._forget(req)
-
     def _pop_head(self, m: str) -> None:
-        entry = heapq.heappop(self._heaps[m])  # `_head` has just made it the live head
+        self._head(m)  # drop stale entries above the live head
+        entry = heapq.heappop(self._heaps[m])
         self._forget(entry[3])
 
     def _take_all(self, m: str) -> list[Request]:
@@ -662,6 +661,7 @@ class Serial:
         for e in entries:
             del self._live[e[3]]
             self._positions.pop(e[3], None)
+            self._pending.pop(e[3], None)
         del self._heaps[m], self._pheaps[m], self._count[m]
         if self._order is not None:
             first = next((i for i, r in enumerate(self._order) if r.model == m), None)
@@ -682,6 +682,10 @@ class Serial:
         heapq.heapify(pheap)
         self._heaps[m], self._pheaps[m] = heap, pheap
 
+    def _invalidate_order(self) -> None:
+        self._order, self._order_ranks = None, []
+        self._pending.clear()
+
     def _cached_rank(self, req: Request) -> tuple[float, int]:
         """`req`'s place in `_order`: (key - affinity x divisor, seq), lower first, with the
         affinity set the cached order was built on."""
@@ -700,6 +704,7 @@ class Serial:
             for r in self._order:
                 runs.setdefault(r.model, []).append(r)
             ranked = [(rank(r), r) for run in runs.values() for r in run]
+            ranked.extend((rank(r), r) for r in self._pending)
         else:
             ranked = [(rank(e[3]), e[3]) for heap in self._heaps.values() for e in heap
                       if self._is_live(e)]
@@ -747,16 +752,24 @@ class Serial:
         positions from the first changed index on are looked at; it is re-ranked only when
         the set of loaded models or the settings changed."""
         if not self._live:  # nothing to report; the next queue is ranked afresh
-            self._order, self._order_ranks = None, []
+            self._invalidate_order()
             return
         affine = self._affine()
         if self._order is None or affine != self._order_affine:
             ranked = self._ranked(affine)
+            self._pending.clear()
             self._order_affine = affine
             self._order_ranks = [k for k, _ in ranked]
             self._order = [r for _, r in ranked]
             start = 0
         else:
+            for r in self._pending:
+                rank = self._cached_rank(r)
+                i = bisect.bisect_left(self._order_ranks, rank)
+                self._order_ranks.insert(i, rank)
+                self._order.insert(i, r)
+                self._report_from = min(self._report_from, i)
+            self._pending.clear()
             start = self._report_from
         order = self._order
         self._report_from = len(order)

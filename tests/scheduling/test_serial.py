@@ -277,6 +277,19 @@ def test_serial_lower_swap_that_would_delay_the_top_request_is_held():
     assert fx.swaps[-1] == ("b", ["a", "x"]) and s.queued() == [x]
 
 
+def test_serial_lower_swap_beside_a_loading_higher_one_is_held():
+    """Requests waiting on a swap are in the order too: while exclusive B loads for a higher
+    request, Q (non-exclusive, so its swap does not collide with B's) must not load beside
+    it, or B's waiters would find Q to evict after their own swap (llama-swap's
+    exclusive-group gotcha). Once B's request is served, nothing waits on B: Q loads."""
+    s, fx = serial(("b", "p", "q"), groups=[PAIR])
+    b = arrive(s, "b", priority=100)
+    q = arrive(s, "q")
+    assert fx.swaps == [("b", [])] and s.queued() == [q]
+    complete(s, fx, "b")
+    assert fx.grants == [(b, "b")] and fx.swaps == [("b", []), ("q", [])]
+
+
 def test_serial_swap_waiters_wait_for_swap_done_then_score_order():
     """Requests for a model being loaded join that swap (one swap, not one per request)
     and are granted when it is done, best score first, up to parallel."""
