@@ -1,1 +1,67 @@
-"""The activity log's models arrive with the activity-log issue."""
+"""The activity log: one row per request, written in batches by `activity.writer`.
+
+The table and column names are a contract for analysts (`docs/activity.md`).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from activity import outcomes
+
+
+class RequestLog(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    request_id = models.UUIDField(db_index=True)
+
+    received_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    first_byte_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    method = models.CharField(max_length=16, blank=True)
+    path = models.CharField(max_length=1024, blank=True)
+    model_requested = models.CharField(max_length=255, blank=True)
+    model = models.CharField(max_length=255, blank=True, help_text="resolved model id")
+    status_code = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=outcomes.MAX_LENGTH, choices=outcomes.CHOICES)
+
+    # the scheduler's decision (scheduling.core.events.Dispatch)
+    priority = models.BigIntegerField(default=0)
+    band = models.CharField(max_length=16, blank=True)
+    score = models.FloatField(null=True, blank=True)
+    score_parts = models.JSONField(null=True, blank=True,
+                                   help_text="{priority, affinity, aging, seq}")
+
+    queue_wait_ms = models.FloatField(null=True, blank=True)
+    swap_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+
+    stream = models.BooleanField(default=False)
+    prompt_tokens = models.IntegerField(null=True, blank=True)
+    completion_tokens = models.IntegerField(null=True, blank=True)
+    cached_tokens = models.IntegerField(null=True, blank=True)
+    prompt_tps = models.FloatField(null=True, blank=True)
+    generation_tps = models.FloatField(null=True, blank=True)
+
+    scheduler = models.CharField(max_length=32, blank=True)
+    client = models.CharField(max_length=255, blank=True,
+                              help_text="API key name, else the remote address")
+    user_agent = models.CharField(max_length=512, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "activity_requestlog"
+        ordering = ["-received_at"]
+        # The time index is created by the migration: BRIN on PostgreSQL (10M rows, appended
+        # in time order), a btree on SQLite, which has no BRIN.
+        indexes = [
+            models.Index(fields=["model", "received_at"], name="activity_rl_model_time"),
+            models.Index(fields=["band", "received_at"], name="activity_rl_band_time"),
+            models.Index(fields=["outcome"], name="activity_rl_outcome"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.model or self.model_requested} " \
+               f"{self.outcome}"

@@ -25,6 +25,10 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
+from activity import outcomes
+from activity.record import RequestRecord
+from activity.usage import UsageParser
+from activity.writer import writer as activity_writer
 from gpuproxy import relay, runtime
 from gpuproxy.auth import WWW_AUTHENTICATE, key_name, presented_key
 from gpuproxy.inference import (
@@ -37,7 +41,13 @@ from gpuproxy.inference import (
 )
 from gpuproxy.processes import State
 from scheduling.catalog import Catalog
-from scheduling.core.errors import ModelNotFound, SchedulingError
+from scheduling.core.errors import (
+    ConcurrencyLimit,
+    ModelNotFound,
+    SchedulingError,
+    ShuttingDown,
+    SwapFailed,
+)
 from scheduling.core.priority import parse_priority
 
 PRIORITY_HEADER = b"x-llamaswap-priority"
@@ -48,6 +58,14 @@ JSON = [(b"content-type", b"application/json")]
 # llama-swap's default `upstream.ignorePaths`: static files never trigger a model load.
 IGNORE_PATHS = [re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$")]
 GET_PATHS = frozenset({"/v1/audio/voices"})
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", for the activity log
+
+_OUTCOME_OF = {
+    ModelNotFound: outcomes.UNKNOWN_MODEL,
+    ConcurrencyLimit: outcomes.REJECTED_CAPACITY,
+    SwapFailed: outcomes.START_FAILED,
+    ShuttingDown: outcomes.SHUTTING_DOWN,
+}
 
 
 def error_body(message: str, type_: str, code: str | None) -> bytes:
@@ -64,6 +82,7 @@ class ProxyConsumer(AsyncHttpConsumer):
         self._task: asyncio.Task | None = None
         self._responded = False
         self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+        self.rec: RequestRecord | None = None
 
     async def dispatch(self, message: dict) -> None:
         # Channels closes stale DB connections before every handler, a thread hop per ASGI
@@ -81,9 +100,12 @@ class ProxyConsumer(AsyncHttpConsumer):
         if self._size > self.max_body:
             self.body = []
             self._responded = True
-            await self.send_json(413, error_body(
-                f"the request body is over {self.max_body} bytes; send less or raise "
-                "GPUPROXY_MAX_BODY_MB", "invalid_request_error", "body_too_large"))
+            message = (f"the request body is over {self.max_body} bytes; send less or raise "
+                       "GPUPROXY_MAX_BODY_MB")
+            self.rec = self.new_record()
+            await self.send_json(413, error_body(message, "invalid_request_error",
+                                                 "body_too_large"), outcome=outcomes.BAD_REQUEST)
+            self.submit_record()
             return
         self.body.append(chunk)
         if not message.get("more_body"):
@@ -100,21 +122,47 @@ class ProxyConsumer(AsyncHttpConsumer):
         raise StopConsumer()
 
     async def _run(self, body: bytes) -> None:
+        self.rec = self.new_record()
         try:
             await self.route(body)
         except asyncio.CancelledError:
+            rec = self.rec
+            if rec is not None and not rec.outcome:
+                queued = rec.dispatched is None
+                rec.fail(CLIENT_CLOSED,
+                         outcomes.CANCELLED_QUEUED if queued else outcomes.CANCELLED_INFLIGHT,
+                         "the client closed the connection")
             raise
-        except Exception:
+        except Exception as exc:
             logger.exception("proxy error on %s %s", self.scope["method"], self.scope["path"])
+            if self.rec is not None:
+                self.rec.fail(500, outcomes.UPSTREAM_ERROR, f"internal error: {exc!r}")
             if not self._responded:
                 await self.send_json(500, error_body(
                     "internal error in gpuproxy; the proxy log has the details",
                     "server_error", "internal_error"))
+        finally:
+            self.submit_record()
+
+    def new_record(self) -> RequestRecord:
+        headers = dict(self.scope["headers"])
+        client = self.scope.get("client") or ("", 0)
+        return RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
+                             headers.get(b"user-agent", b"").decode("latin-1"))
+
+    def submit_record(self) -> None:
+        """Hand the finished record to the activity writer: O(1), never the database."""
+        rec, self.rec = self.rec, None
+        if rec is not None:
+            activity_writer().submit(rec.row())
 
     # ---- responses --------------------------------------------------------------------------
 
     async def send_json(self, status: int, body: bytes,
-                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+                        headers: list[tuple[bytes, bytes]] | None = None,
+                        outcome: str = "") -> None:
+        if self.rec is not None and outcome:
+            self.rec.fail(status, outcome, json.loads(body)["error"]["message"])
         self._responded = True
         await self.send_headers(status=status, headers=JSON + (headers or []))
         await self.send_body(body)
@@ -123,10 +171,11 @@ class ProxyConsumer(AsyncHttpConsumer):
         if isinstance(exc, SchedulingError):
             headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
             await self.send_json(exc.status, error_body(exc.message, exc.type, exc.code),
-                                 headers)
+                                 headers, outcome=_OUTCOME_OF.get(type(exc),
+                                                                  outcomes.UPSTREAM_ERROR))
         else:
             await self.send_json(exc.status, error_body(exc.message, "invalid_request_error",
-                                                        exc.code))
+                                                        exc.code), outcome=outcomes.BAD_REQUEST)
 
     # ---- routing ----------------------------------------------------------------------------
 
@@ -137,15 +186,20 @@ class ProxyConsumer(AsyncHttpConsumer):
         if catalog.api_keys:
             key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
                                 headers.get(b"x-api-key", b"").decode("latin-1"))
-            if key_name(key, catalog.api_keys) is None:
+            name = key_name(key, catalog.api_keys)
+            if name is None:
                 await self.send_json(401, error_body(
                     "a valid API key is required: send Authorization: Bearer <key>",
                     "authentication_error", "invalid_api_key"),
-                    [(b"www-authenticate", WWW_AUTHENTICATE.encode())])
+                    [(b"www-authenticate", WWW_AUTHENTICATE.encode())],
+                    outcome=outcomes.UNAUTHORIZED)
                 return
+            if self.rec is not None:
+                self.rec.client = name
         path: str = self.scope["path"]
         method: str = self.scope["method"]
         if path in ("/v1/models", "/models"):
+            self.rec = None  # a listing is not an inference request: not logged
             if method != "GET":
                 await self.method_not_allowed("GET")
                 return
@@ -160,13 +214,14 @@ class ProxyConsumer(AsyncHttpConsumer):
             await self.inference(rt, VERSIONLESS.get(path, path), body)
         else:
             await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
-                                                 "invalid_request_error", "not_found"))
+                                                 "invalid_request_error", "not_found"),
+                                 outcome=outcomes.BAD_REQUEST)
 
     async def method_not_allowed(self, *allowed: str) -> None:
         await self.send_json(405, error_body(
             f"{self.scope['method']} is not allowed on {self.scope['path']}; use "
             f"{' or '.join(allowed)}", "invalid_request_error", "method_not_allowed"),
-            [(b"allow", ", ".join(allowed).encode())])
+            [(b"allow", ", ".join(allowed).encode())], outcome=outcomes.BAD_REQUEST)
 
     async def inference(self, rt: runtime.Runtime, upstream_path: str, body: bytes) -> None:
         try:
@@ -180,6 +235,9 @@ class ProxyConsumer(AsyncHttpConsumer):
             await self.send_error(BadRequest(400, f"{upstream_path} takes multipart/form-data",
                                              "invalid_content_type"))
             return
+        if self.rec is not None:
+            self.rec.model_requested = parsed.model
+            self.rec.stream = parsed.stream
         model_id = rt.catalog.resolve(parsed.model)
         meta = rt.catalog.models.get(model_id) if model_id else None
         if meta is not None:
@@ -192,11 +250,14 @@ class ProxyConsumer(AsyncHttpConsumer):
     async def upstream_passthrough(self, rt: runtime.Runtime, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""
         model_id, sub = resolve_prefix(rt.catalog, rest)
+        if self.rec is not None:
+            self.rec.model_requested = rest.split("/", 1)[0]
         if model_id is None:
             await self.send_error(ModelNotFound(rest.split("/", 1)[0]))
             return
         if sub is None:  # bare /upstream/<model>: redirect so relative links work
             status = 301 if self.scope["method"] in ("GET", "HEAD") else 308
+            self.rec = None  # a redirect reaches no model: not logged
             self._responded = True
             await self.send_headers(status=status, headers=[
                 (b"location", f"/upstream/{rest}/".encode())])
@@ -207,7 +268,8 @@ class ProxyConsumer(AsyncHttpConsumer):
         if not loaded and any(p.match("/" + sub) for p in IGNORE_PATHS):
             await self.send_json(409, error_body(
                 f"model {model_id!r} is not loaded and /{sub} matches upstream.ignorePaths, "
-                "which never trigger a load", "invalid_request_error", "model_not_loaded"))
+                "which never trigger a load", "invalid_request_error", "model_not_loaded"),
+                outcome=outcomes.BAD_REQUEST)
             return
         await self.forward(rt, model_id, "/" + sub, body)
 
@@ -215,11 +277,20 @@ class ProxyConsumer(AsyncHttpConsumer):
                       body: bytes) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives."""
         priority = parse_priority(dict(self.scope["headers"]).get(PRIORITY_HEADER))
+        rec = self.rec
+        if rec is not None:
+            rec.priority = priority
+            rec.model = model if model in rt.catalog.models else ""
+            rec.scheduler = rt.run_loop.scheduler.config.scheduler
         try:
             grant = await rt.run_loop.acquire(model, priority)
         except SchedulingError as exc:
             await self.send_error(exc)
             return
+        if rec is not None:
+            rec.dispatched = time.monotonic()
+            rec.dispatch = grant.req.dispatch
+            rec.swap_s = grant.swap_wait
         try:
             await self.relay(rt, grant.model, upstream_path, body)
         finally:
@@ -241,22 +312,38 @@ class ProxyConsumer(AsyncHttpConsumer):
         except httpx.TransportError as exc:
             await self.send_json(502, error_body(
                 f"model {model!r} at {proc.spec.proxy} did not answer: {exc!r}; its log: "
-                f"GET /logs/stream/{model}", "upstream_error", "upstream_unreachable"))
+                f"GET /logs/stream/{model}", "upstream_error", "upstream_unreachable"),
+                outcome=outcomes.UPSTREAM_ERROR)
             return
+        rec = self.rec
+        parser = UsageParser(response.headers.get("content-type", ""))
         try:
             self._responded = True
             await self.send_headers(status=response.status_code,
                                     headers=relay.response_headers(response.headers))
             async for chunk in response.aiter_raw():
+                if rec is not None and rec.first_byte is None:
+                    rec.first_byte = time.monotonic()
+                parser.feed(chunk)
                 await self.send_body(chunk, more_body=True)
             await self.send_body(b"")
+            if rec is not None:
+                rec.status_code = response.status_code
+                if response.status_code >= 400:
+                    rec.outcome = outcomes.UPSTREAM_ERROR
+                    rec.error = f"the upstream answered HTTP {response.status_code}"
         except httpx.TransportError as exc:
             # Headers are out; the client sees the stream end. Honest termination is the
             # hardening issue's job; here it is logged with the model and the time.
             logger.warning("model %r: upstream stream broke after %.1f s: %r", model,
                            time.monotonic() - started, exc)
+            if rec is not None:
+                rec.fail(response.status_code, outcomes.UPSTREAM_DIED,
+                         f"upstream stream broke: {exc!r}")
             await self.send_body(b"")
         finally:
+            if rec is not None:
+                rec.usage = parser.finish()
             await response.aclose()
 
 

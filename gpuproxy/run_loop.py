@@ -54,18 +54,20 @@ class Waiting:
     future: asyncio.Future[str]
     position: int = 0
     position_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    swap_wait: float | None = None  # seconds this request waited for a model load
 
 
 class Grant:
     """A request allowed to reach its upstream; `release()` exactly once when done."""
 
-    __slots__ = ("_loop", "_released", "model", "req")
+    __slots__ = ("_loop", "_released", "model", "req", "swap_wait")
 
     def __init__(self, loop: RunLoop, req: Request, model: str) -> None:
         self._loop = loop
         self.req = req
         self.model = model
         self._released = False
+        self.swap_wait: float | None = req.handle.swap_wait
 
     def release(self) -> None:
         if not self._released:
@@ -85,6 +87,7 @@ class RunLoop:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._make_scheduler = make_scheduler
+        self._swap_times: dict[str, tuple[float, float]] = {}  # model -> last load (start, end)
         self.scheduler = make_scheduler(config, self, None)
         # Test hook: when set, every processed event is put here after its handler ran.
         self.processed: asyncio.Queue[Event] | None = None
@@ -207,6 +210,7 @@ class RunLoop:
     async def _swap(self, model: str, evict: list[str]) -> None:
         error: str | None = None
         timed_out = False
+        started = self.now()
         try:
             if evict:
                 logger.info("loading model %r: unloading %s first", model,
@@ -218,12 +222,16 @@ class RunLoop:
         except Exception as exc:  # a bug must still answer the waiters
             logger.exception("swap to %r failed", model)
             error = f"model {model!r} could not be loaded: {exc}"
+        self._swap_times[model] = (started, self.now())
         self.post(SwapDone(model, self.now(), error, timed_out))
 
     def grant_serve(self, req: Request, model: str) -> bool:
         waiting: Waiting = req.handle
         if waiting.future.done():  # the client left; no ServeDone will ever come
             return False
+        load = self._swap_times.get(model)
+        if load is not None and load[1] > req.arrived:  # it waited (partly) for this load
+            waiting.swap_wait = load[1] - max(load[0], req.arrived)
         waiting.future.set_result(model)
         self.upstreams.process(model).request_started()
         return True

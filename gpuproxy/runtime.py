@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from django.db import close_old_connections
 
+from activity.writer import writer as activity_writer
 from gpuproxy import relay
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
@@ -113,6 +114,10 @@ class Runtime:
         await self.run_loop.shutdown()
         await self.upstreams.shutdown()
         await relay.close()
+        # Every request has been answered by now: write their records before exiting.
+        if not await activity_writer().close(timeout=10.0):
+            logger.error("activity writer: %d rows could not be written before exit",
+                         activity_writer().buffered)
 
 
 _runtime: Runtime | None = None
@@ -136,6 +141,7 @@ async def get() -> Runtime:
         catalog, _ = await upstreams.refresh()
         run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()
+        activity_writer().start()
         _runtime = Runtime(upstreams, run_loop)
     except BaseException as exc:
         _starting.set_exception(exc)

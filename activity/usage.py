@@ -1,0 +1,311 @@
+"""Token counts and speeds read from an upstream response while it streams to the client.
+
+Standard library only (no Django, no asyncio): the proxy calls `UsageParser.feed` with every
+raw response chunk it relays and `UsageParser.finish` once the response is over.
+
+Parity with llama-swap's activity log (reference notes §5.2):
+
+* ``text/event-stream`` is parsed incrementally: events are split on blank lines (``\\n``,
+  ``\\r\\n`` or ``\\r`` line endings), only ``data:`` lines count, ``[DONE]`` is skipped. An
+  event is json-decoded only if its bytes mention ``"usage"``, ``"timings"`` or ``"metrics"``,
+  so the token-by-token chunks of a stream cost a substring search and nothing more. The last
+  value seen for each field wins (fields absent from a later event keep their earlier value,
+  which is how Anthropic's ``message_start`` input tokens combine with ``message_delta``'s
+  output tokens).
+* Any other (JSON) response is accumulated up to a cap (8 MiB by default) and parsed at
+  `finish`; past the cap the parser gives up and reports nothing.
+* Usage objects are read from ``usage``, ``response.usage`` (Responses API) and
+  ``message.usage`` (Anthropic ``message_start``). Names: ``prompt_tokens|input_tokens``,
+  ``completion_tokens|output_tokens``; cached tokens from ``cache_read_input_tokens``,
+  ``input_tokens_details.cached_tokens`` or ``prompt_tokens_details.cached_tokens``.
+* llama.cpp ``timings`` override usage: ``prompt_n``, ``predicted_n``, ``cache_n``,
+  ``prompt_per_second``, ``predicted_per_second``.
+* vLLM ``metrics``: prompt speed = prompt tokens / ``time_to_first_token_ms``, generation
+  speed = 1000 / ``mean_itl_ms``.
+* A JSON array (llama.cpp ``/infill``) is read through its last element.
+
+The body must be the decoded bytes (no gzip). Malformed input never raises: unknown values
+are None.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_JSON_BYTES", "Usage", "UsageParser", "parse_body"]
+
+#: Largest non-streaming body (or single SSE event) that is kept for parsing.
+DEFAULT_MAX_JSON_BYTES = 8 * 1024 * 1024
+
+_MARKERS = (b'"usage"', b'"timings"', b'"metrics"')
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a response said about itself; None means unknown."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_tps: float | None = None
+    generation_tps: float | None = None
+
+
+def _int(value: Any) -> int | None:
+    """A non-negative integer count, or None (bools, negatives, fractions, NaN are rejected)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and math.isfinite(value) and value >= 0 and value.is_integer():
+        return int(value)
+    return None
+
+
+def _float(value: Any) -> float | None:
+    """A finite non-negative number as a float, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) and result >= 0 else None
+
+
+def _first(*values: Any) -> int | None:
+    for value in values:
+        result = _int(value)
+        if result is not None:
+            return result
+    return None
+
+
+def _sub(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
+class UsageParser:
+    """Feed it the raw response chunks as relayed; `finish` returns the `Usage`."""
+
+    def __init__(self, content_type: str, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> None:
+        ctype = (content_type or "").lower()
+        self._sse = "text/event-stream" in ctype
+        self._max = max_bytes
+        self._result: Usage | None = None
+        # usage-level values (OpenAI / Responses / Anthropic), last seen wins per field
+        self._u_prompt: int | None = None
+        self._u_completion: int | None = None
+        self._u_cached: int | None = None
+        # llama.cpp timings, which override the usage values
+        self._t_prompt: int | None = None
+        self._t_completion: int | None = None
+        self._t_cached: int | None = None
+        self._t_prompt_tps: float | None = None
+        self._t_generation_tps: float | None = None
+        # vLLM metrics
+        self._m_ttft_ms: float | None = None
+        self._m_generation_tps: float | None = None
+        # SSE state: a held-back trailing "\r", the unterminated line, the current event
+        self._cr = False
+        self._line = b""
+        self._skip_line = False
+        self._data: list[bytes] = []
+        self._data_size = 0
+        # JSON state
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._overflow = False
+
+    # ------------------------------------------------------------------ input
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next raw chunk; it may split lines, events and JSON anywhere."""
+        if not chunk or self._result is not None:
+            return
+        if self._sse:
+            self._feed_sse(bytes(chunk))
+        elif not self._overflow:
+            self._size += len(chunk)
+            if self._size > self._max:
+                self._overflow = True
+                self._chunks = []
+            else:
+                self._chunks.append(bytes(chunk))
+
+    def finish(self) -> Usage:
+        """End of the response: parse what is pending and return the numbers (idempotent)."""
+        if self._result is None:
+            try:
+                if self._sse:
+                    # Lenient about a last event with no blank line after it; a truncated one
+                    # simply fails to decode.
+                    self._cr = False
+                    self._end_line()
+                    self._dispatch()
+                elif not self._overflow and self._chunks:
+                    self._apply_document(b"".join(self._chunks))
+            except Exception:  # never let a parsing bug reach the proxy
+                pass
+            self._chunks = []
+            self._data = []
+            self._line = b""
+            self._result = self._build()
+        return self._result
+
+    # ------------------------------------------------------------------ SSE
+
+    def _feed_sse(self, chunk: bytes) -> None:
+        if self._cr:
+            chunk = b"\r" + chunk
+            self._cr = False
+        if chunk.endswith(b"\r"):  # may be the first half of a "\r\n"
+            chunk = chunk[:-1]
+            self._cr = True
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = chunk.split(b"\n")
+        if len(lines) == 1:
+            self._extend_line(chunk)
+            return
+        self._extend_line(lines[0])
+        self._end_line()
+        for line in lines[1:-1]:
+            self._handle_line(line)
+        self._extend_line(lines[-1])
+
+    def _extend_line(self, part: bytes) -> None:
+        if not part or self._skip_line:
+            return
+        if len(self._line) + len(part) > self._max:
+            self._line = b""
+            self._skip_line = True
+        else:
+            self._line += part
+
+    def _end_line(self) -> None:
+        line, skipped = self._line, self._skip_line
+        self._line = b""
+        self._skip_line = False
+        if skipped:
+            self._drop_event()
+        else:
+            self._handle_line(line)
+
+    def _handle_line(self, line: bytes) -> None:
+        if not line:
+            self._dispatch()
+        elif line.startswith(b"data:"):
+            value = line[6:] if line[5:6] == b" " else line[5:]
+            self._data_size += len(value)
+            if self._data_size > self._max:
+                self._drop_event()  # this event's later data lines are ignored too
+            else:
+                self._data.append(value)
+        # "event:", "id:", "retry:" and ":" comments carry nothing we need
+
+    def _drop_event(self) -> None:
+        """Forget an oversized event; the size stays over the cap until its blank line."""
+        self._data = []
+        self._data_size = self._max + 1
+
+    def _dispatch(self) -> None:
+        data = self._data
+        self._data = []
+        self._data_size = 0
+        if not data:
+            return
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
+        if not (_MARKERS[0] in payload or _MARKERS[1] in payload or _MARKERS[2] in payload):
+            return  # token chunks and [DONE] end here
+        self._apply_document(payload)
+
+    # ------------------------------------------------------------------ extraction
+
+    def _apply_document(self, payload: bytes) -> None:
+        try:
+            obj = json.loads(payload)
+        except (ValueError, RecursionError):
+            return
+        if isinstance(obj, list):  # /infill: the last element holds the timings
+            obj = obj[-1] if obj else None
+        if isinstance(obj, dict):
+            self._apply(obj)
+
+    def _apply(self, obj: dict[str, Any]) -> None:
+        for usage in (
+            obj.get("usage"),
+            _sub(obj.get("response"), "usage"),
+            _sub(obj.get("message"), "usage"),
+        ):
+            if isinstance(usage, dict):
+                self._apply_usage(usage)
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            self._apply_timings(timings)
+        metrics = obj.get("metrics")
+        if isinstance(metrics, dict):
+            self._apply_metrics(metrics)
+
+    def _apply_usage(self, usage: dict[str, Any]) -> None:
+        prompt = _first(usage.get("prompt_tokens"), usage.get("input_tokens"))
+        completion = _first(usage.get("completion_tokens"), usage.get("output_tokens"))
+        cached = _first(
+            usage.get("cache_read_input_tokens"),
+            _sub(usage.get("input_tokens_details"), "cached_tokens"),
+            _sub(usage.get("prompt_tokens_details"), "cached_tokens"),
+        )
+        if prompt is not None:
+            self._u_prompt = prompt
+        if completion is not None:
+            self._u_completion = completion
+        if cached is not None:
+            self._u_cached = cached
+
+    def _apply_timings(self, timings: dict[str, Any]) -> None:
+        prompt = _int(timings.get("prompt_n"))
+        completion = _int(timings.get("predicted_n"))
+        cached = _int(timings.get("cache_n"))
+        prompt_tps = _float(timings.get("prompt_per_second"))
+        generation_tps = _float(timings.get("predicted_per_second"))
+        if prompt is not None:
+            self._t_prompt = prompt
+        if completion is not None:
+            self._t_completion = completion
+        if cached is not None:
+            self._t_cached = cached
+        if prompt_tps is not None:
+            self._t_prompt_tps = prompt_tps
+        if generation_tps is not None:
+            self._t_generation_tps = generation_tps
+
+    def _apply_metrics(self, metrics: dict[str, Any]) -> None:
+        ttft = _float(metrics.get("time_to_first_token_ms"))
+        if ttft is not None and ttft > 0:
+            self._m_ttft_ms = ttft
+        itl = _float(metrics.get("mean_itl_ms"))
+        if itl is not None and itl > 0:
+            self._m_generation_tps = 1000.0 / itl
+
+    def _build(self) -> Usage:
+        def pick(override: Any, base: Any) -> Any:
+            return override if override is not None else base
+
+        prompt = pick(self._t_prompt, self._u_prompt)
+        prompt_tps = self._t_prompt_tps
+        if prompt_tps is None and self._m_ttft_ms is not None and prompt is not None:
+            prompt_tps = prompt * 1000.0 / self._m_ttft_ms
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=pick(self._t_completion, self._u_completion),
+            cached_tokens=pick(self._t_cached, self._u_cached),
+            prompt_tps=prompt_tps,
+            generation_tps=pick(self._t_generation_tps, self._m_generation_tps),
+        )
+
+
+def parse_body(content_type: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Usage:
+    """`Usage` of a whole response body (SSE or JSON), in one call."""
+    parser = UsageParser(content_type, max_bytes=max_bytes)
+    parser.feed(body)
+    return parser.finish()
