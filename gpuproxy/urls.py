@@ -1,7 +1,7 @@
 """URL routes: the admin and the management API (llama-swap's paths)."""
 
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from gpuproxy import views
 
@@ -14,6 +14,7 @@ urlpatterns = [
     re_path(r"^api/models/unload/(?P<model>.+)$", views.unload_model),
     path("unload", views.unload_all_legacy),
     path("api/queue", views.queue),
+    path("", include("activity.urls")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),
