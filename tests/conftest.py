@@ -29,10 +29,46 @@ def _close_db_pool_at_end(django_db_setup, django_db_blocker):
             conn.close()
 
 
-def free_port() -> int:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_next_block = [0]
+BLOCK = 10
+
+
+def free_port() -> int:
+    """A port p such that p .. p+9 are all free, below the kernel's ephemeral range.
+
+    Configs allocate `${PORT}` from startPort upwards, so a test needs a block of free
+    ports, not one; and ports inside the ephemeral range can be taken at any moment by an
+    outgoing connection (the proxy's own, to its upstreams), which made starts flaky.
+    Each call hands out a different block, from a per-process random base.
+    """
+    low, _ = _ephemeral_range()
+    top = min(low, 32768) - BLOCK
+    bottom = 20000
+    if not _next_block[0]:
+        _next_block[0] = bottom + (os.getpid() * 7919) % (top - bottom)
+    for _ in range((top - bottom) // BLOCK):
+        start = _next_block[0]
+        _next_block[0] = start + BLOCK if start + 2 * BLOCK < top else bottom
+        if all(_bindable(p) for p in range(start, start + BLOCK)):
+            return start
+    raise RuntimeError("no block of free ports below the ephemeral range")
 
 
 @pytest.fixture
