@@ -10,7 +10,7 @@ import pytest
                                     "gpuproxy.spec", "scheduling.core.fifo",
                                     "scheduling.core.priority", "scheduling.core.serial",
                                     "scheduling.core.stats", "scheduling.core.handover",
-                                    "scheduling.core.policies"])
+                                    "scheduling.core.policies", "scheduling.core.ledger"])
 def test_pure_module_imports_without_django(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('django', 'asyncio') if m in sys.modules]; "

@@ -21,7 +21,6 @@ from scheduling.core.effects import READY, Effects
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
-    SchedulingError,
     ShuttingDown,
     SwapFailed,
 )
@@ -39,15 +38,11 @@ from scheduling.core.events import (
     UnloadRequested,
 )
 from scheduling.core.handover import SchedulerState, SwapState
+from scheduling.core.ledger import InvariantViolation, Ledger
 from scheduling.core.priority import band
 from scheduling.core.stats import SchedulerStats, queue_snapshot
 
 logger = logging.getLogger("scheduling.fifo")
-
-
-class InvariantViolation(AssertionError):
-    """The events contradict the scheduler's books (a shell bug). Raised, never papered over:
-    a guessed fix would leak a slot or let a busy model be evicted."""
 
 
 @dataclass
@@ -64,7 +59,7 @@ def limit_of(mc: ModelConfig) -> int:
     return mc.concurrency_limit if mc.concurrency_limit > 0 else DEFAULT_CONCURRENCY_LIMIT
 
 
-class Fifo:
+class Fifo(Ledger):
     """The `Scheduler` protocol with llama-swap's FIFO semantics, plus per-request priority.
 
     Books, written only by the `on_*` handlers (all on the run loop's task, so no locks):
@@ -107,14 +102,6 @@ class Fifo:
         """The queued requests, in the order they will be considered."""
         return list(self._queue)
 
-    def in_flight(self, model: str) -> int:
-        """Granted requests for `model` whose ServeDone has not arrived."""
-        return self._in_flight.get(model, 0)
-
-    def reserved(self, model: str) -> int:
-        """Admission slots held for `model`: queued + waiting on a swap + in flight."""
-        return self._reserved.get(model, 0)
-
     def active_swaps(self) -> dict[str, list[Request]]:
         """Each swap in progress: target → the requests waiting for it."""
         return {target: list(swap.waiters) for target, swap in self._active.items()}
@@ -123,10 +110,6 @@ class Fifo:
         """The request the next drain considers first (the queue head), or None. No side
         effects; `now` is unused (fifo has no aging) and kept for parity with Serial.pick."""
         return self._queue[0] if self._queue else None
-
-    def stats(self) -> SchedulerStats:
-        """A copy of the counters. fifo has no aging or affinity term: those stay 0."""
-        return self._stats.copy()
 
     def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
         """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
@@ -279,19 +262,7 @@ class Fifo:
         the queue and also picks up state changes the shell reported no event for.
         """
         self._now = ev.now
-        model = self._serving.pop(ev.req, None)
-        if model is None:
-            raise InvariantViolation(
-                f"ServeDone for request seq={ev.req.seq} ({ev.req.model!r}), which is not "
-                "being served (never granted, or done twice)")
-        left = self._in_flight.get(model, 0) - 1
-        if left < 0:
-            raise InvariantViolation(f"in-flight count of {model!r} would go negative")
-        if left:
-            self._in_flight[model] = left
-        else:
-            del self._in_flight[model]
-        self._release(ev.req)
+        self._finish_serving(ev.req)
         self._drain()
 
     def on_unload(self, ev: UnloadRequested) -> None:
@@ -440,30 +411,7 @@ class Fifo:
         wait = self._now - req.arrived
         req.dispatch = Dispatch(band=band(req.priority), score=effective, priority=effective,
                                 affinity=0.0, aging=0.0, seq=req.seq, queue_wait=wait)
-        if self._fx.grant_serve(req, model):
-            self._serving[req] = model
-            self._in_flight[model] = self._in_flight.get(model, 0) + 1
-            self._stats.dispatched[req.dispatch.band] += 1
-        else:
-            self._release(req)
-
-    def _fail(self, req: Request, error: SchedulingError) -> None:
-        self._release(req)
-        self._fx.grant_error(req, error)
-
-    def _reserve(self, req: Request) -> None:
-        self._holders.add(req)
-        self._reserved[req.model] = self._reserved.get(req.model, 0) + 1
-
-    def _release(self, req: Request) -> None:
-        if req not in self._holders:
-            raise InvariantViolation(f"releasing a slot request seq={req.seq} never reserved")
-        self._holders.remove(req)
-        left = self._reserved[req.model] - 1
-        if left:
-            self._reserved[req.model] = left
-        else:
-            del self._reserved[req.model]
+        self._deliver(req, model)
 
     def _report_positions(self) -> None:
         """Tell each queued request its 1-based position, when it is new or has changed."""

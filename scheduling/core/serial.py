@@ -33,7 +33,6 @@ from scheduling.core.effects import READY, Effects
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
-    SchedulingError,
     ShuttingDown,
     SwapFailed,
 )
@@ -50,8 +49,9 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.fifo import InvariantViolation, limit_of
+from scheduling.core.fifo import limit_of
 from scheduling.core.handover import SchedulerState, SwapState
+from scheduling.core.ledger import InvariantViolation, Ledger
 from scheduling.core.priority import band
 from scheduling.core.stats import SchedulerStats, queue_snapshot
 
@@ -89,7 +89,7 @@ class _Swap:
 _Entry = tuple[float, int, int, Request]
 
 
-class Serial:
+class Serial(Ledger):
     """The `Scheduler` protocol with score order (see the module docstring).
 
     Books, written only by the `on_*` handlers (all on the run loop's task, so no locks):
@@ -159,14 +159,6 @@ class Serial:
             return list(self._order)
         return [r for _, r in self._ranked(affine)]
 
-    def in_flight(self, model: str) -> int:
-        """Granted requests for `model` whose ServeDone has not arrived."""
-        return self._in_flight.get(model, 0)
-
-    def reserved(self, model: str) -> int:
-        """Admission slots held for `model`: queued + waiting on a swap + in flight."""
-        return self._reserved.get(model, 0)
-
     def active_swaps(self) -> dict[str, list[Request]]:
         """Each swap in progress: target → the requests waiting for it."""
         return {target: list(swap.waiters) for target, swap in self._active.items()}
@@ -194,10 +186,6 @@ class Serial:
         """`req`'s score at `now` with the current affinity: priority + affinity + aging."""
         aff = self._bonus if req.model in self._affine() else 0
         return req.priority + aff + (now - req.arrived) / self._div
-
-    def stats(self) -> SchedulerStats:
-        """A copy of the counters (see SchedulerStats)."""
-        return self._stats.copy()
 
     def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
         """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
@@ -282,19 +270,7 @@ class Serial:
     def on_serve_done(self, ev: ServeDone) -> None:
         """A granted request finished: free its in-flight count and slot, walk."""
         self._now = ev.now
-        model = self._serving.pop(ev.req, None)
-        if model is None:
-            raise InvariantViolation(
-                f"ServeDone for request seq={ev.req.seq} ({ev.req.model!r}), which is not "
-                "being served (never granted, or done twice)")
-        left = self._in_flight.get(model, 0) - 1
-        if left < 0:
-            raise InvariantViolation(f"in-flight count of {model!r} would go negative")
-        if left:
-            self._in_flight[model] = left
-        else:
-            del self._in_flight[model]
-        self._release(ev.req)
+        self._finish_serving(ev.req)
         self._dispatch()
 
     def on_unload(self, ev: UnloadRequested) -> None:
@@ -721,30 +697,7 @@ class Serial:
         req.dispatch = Dispatch(band=band(req.priority), score=req.priority + aff + aging,
                                 priority=req.priority, affinity=float(aff), aging=aging,
                                 seq=req.seq, queue_wait=self._now - req.arrived)
-        if self._fx.grant_serve(req, model):
-            self._serving[req] = model
-            self._in_flight[model] = self._in_flight.get(model, 0) + 1
-            self._stats.dispatched[req.dispatch.band] += 1
-        else:
-            self._release(req)
-
-    def _fail(self, req: Request, error: SchedulingError) -> None:
-        self._release(req)
-        self._fx.grant_error(req, error)
-
-    def _reserve(self, req: Request) -> None:
-        self._holders.add(req)
-        self._reserved[req.model] = self._reserved.get(req.model, 0) + 1
-
-    def _release(self, req: Request) -> None:
-        if req not in self._holders:
-            raise InvariantViolation(f"releasing a slot request seq={req.seq} never reserved")
-        self._holders.remove(req)
-        left = self._reserved[req.model] - 1
-        if left:
-            self._reserved[req.model] = left
-        else:
-            del self._reserved[req.model]
+        self._deliver(req, model)
 
     def _report_positions(self) -> None:
         """Tell each queued request its 1-based position in score order when it is new or
