@@ -16,10 +16,9 @@ import bisect
 import logging
 from dataclasses import dataclass, field
 
-from scheduling.core.config import DEFAULT_CONCURRENCY_LIMIT, ModelConfig, SchedulerConfig
+from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import READY, Effects
 from scheduling.core.errors import (
-    ConcurrencyLimit,
     ModelNotFound,
     ShuttingDown,
     SwapFailed,
@@ -37,8 +36,8 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.handover import SchedulerState, SwapState
-from scheduling.core.ledger import InvariantViolation, Ledger
+from scheduling.core.handover import SchedulerState
+from scheduling.core.ledger import Ledger
 from scheduling.core.priority import band
 from scheduling.core.stats import SchedulerStats, queue_snapshot
 
@@ -52,11 +51,6 @@ class _Swap:
     target: str
     evict: list[str]
     waiters: list[Request] = field(default_factory=list)
-
-
-def limit_of(mc: ModelConfig) -> int:
-    """A model's admission cap; 0 or less means the default (llama-swap: unset → 10)."""
-    return mc.concurrency_limit if mc.concurrency_limit > 0 else DEFAULT_CONCURRENCY_LIMIT
 
 
 class Fifo(Ledger):
@@ -87,15 +81,6 @@ class Fifo(Ledger):
         self._now = 0.0  # the `now` of the last event
         self._stats = SchedulerStats()
 
-    @property
-    def config(self) -> SchedulerConfig:
-        return self._config
-
-    @property
-    def now(self) -> float:
-        """The `now` of the last event handled (the core never reads a clock)."""
-        return self._now
-
     # ---- read-only introspection (metrics, tests) -----------------------------------------
 
     def queued(self) -> list[Request]:
@@ -123,21 +108,8 @@ class Fifo(Ledger):
         """Move every book into a SchedulerState and leave this scheduler empty and shut down
         (a late request gets ShuttingDown; a late ServeDone raises): hand it to
         `Serial.from_state` (or `Fifo.from_state`) and stop sending events here."""
-        state = SchedulerState(
-            queued=list(self._queue),
-            swaps=[SwapState(s.target, list(s.evict), list(s.waiters))
-                   for s in self._active.values()],
-            serving=dict(self._serving),
-            unloading=dict(self._unloading),
-            shut_down=self._shut_down,
-            now=self._now,
-            stats=self._stats.copy(),
-            positions=dict(self._positions),
-        )
-        self._queue, self._active, self._serving = [], {}, {}
-        self._in_flight, self._holders, self._reserved = {}, set(), {}
-        self._unloading, self._positions = {}, {}
-        self._shut_down = True
+        state = self._export_books(list(self._queue))
+        self._queue = []
         return state
 
     @classmethod
@@ -146,19 +118,8 @@ class Fifo(Ledger):
         `on_settings_changed` applied for `config`: requests for models it does not define get
         ModelNotFound, the queue is sorted by fifo's rank, then drained."""
         s = cls(config, fx)
-        for r in state.holders():
-            s._reserve(r)
+        s._restore_books(state, _Swap)
         s._queue = list(state.queued)
-        for sw in state.swaps:
-            s._active[sw.target] = _Swap(sw.target, list(sw.evict), list(sw.waiters))
-        for r, model in state.serving.items():
-            s._serving[r] = model
-            s._in_flight[model] = s._in_flight.get(model, 0) + 1
-        s._unloading = dict(state.unloading)
-        s._shut_down = state.shut_down
-        s._now = state.now
-        s._stats = state.stats.copy()
-        s._positions = dict(state.positions)
         s.on_settings_changed(SettingsChanged(config, state.now))
         return s
 
@@ -187,22 +148,9 @@ class Fifo(Ledger):
         """
         self._now = ev.now
         req = ev.req
-        if req in self._holders or req in self._serving:
-            raise InvariantViolation(f"request seq={req.seq} arrived twice")
-        mc = self._config.models.get(req.model)
-        # (1)
-        if mc is None:
-            self._fx.grant_error(req, ModelNotFound(req.model))
+        # (1)-(2): Ledger._admit
+        if not self._admit(req):
             return
-        # (2)
-        if self._shut_down:
-            self._fx.grant_error(req, ShuttingDown())
-            return
-        limit = limit_of(mc)
-        if self.reserved(req.model) >= limit:
-            self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
-            return
-        self._reserve(req)
         # (3)-(8)
         if not self._place(req):
             bisect.insort(self._queue, req, key=self._rank)
@@ -363,22 +311,6 @@ class Fifo(Ledger):
                     ", ".join(repr(m) for m in evict) or "nothing", req.seq)
         self._fx.start_swap(model, list(evict))
         return True
-
-    def _being_evicted(self, model: str) -> bool:
-        return any(model in swap.evict for swap in self._active.values())
-
-    def _collides(self, model: str, evict: list[str]) -> bool:
-        """Whether a swap to `model` evicting `evict` cannot run beside the active swaps."""
-        for target, swap in self._active.items():
-            if target == model:
-                continue
-            if target in evict or model in swap.evict or not set(evict).isdisjoint(swap.evict):
-                return True
-        return False
-
-    def _busy(self, evict: list[str]) -> bool:
-        """Whether stopping `evict` now would cut requests off or race an explicit unload."""
-        return any(self._in_flight.get(m, 0) > 0 or m in self._unloading for m in evict)
 
     def _drain(self) -> None:
         """Re-apply steps 3-8 to every queued request, in queue order.

@@ -5,9 +5,19 @@ never in how a pick is accounted, so that part lives here once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from scheduling.core.config import DEFAULT_CONCURRENCY_LIMIT, ModelConfig, SchedulerConfig
 from scheduling.core.effects import Effects
-from scheduling.core.errors import SchedulingError
+from scheduling.core.errors import (
+    ConcurrencyLimit,
+    ModelNotFound,
+    SchedulingError,
+    ShuttingDown,
+)
 from scheduling.core.events import Request
+from scheduling.core.handover import SchedulerState, SwapState
 from scheduling.core.stats import SchedulerStats
 
 
@@ -17,15 +27,35 @@ class InvariantViolation(AssertionError):
     twice. Raised, not asserted, so `python -O` keeps the check."""
 
 
+def limit_of(mc: ModelConfig) -> int:
+    """A model's admission limit; 0 (unset) means the default, as in llama-swap."""
+    return mc.concurrency_limit if mc.concurrency_limit > 0 else DEFAULT_CONCURRENCY_LIMIT
+
+
 class Ledger:
     """Mixed into a policy, which sets these attributes in its constructor."""
 
+    _config: SchedulerConfig
     _fx: Effects
+    _now: float  # the `now` of the last event
+    _shut_down: bool
+    _active: dict[str, Any]  # target -> the policy's swap record (.target .evict .waiters)
+    _unloading: dict[str, int]  # model -> explicit unloads not yet reported done
+    _positions: dict[Request, int]  # last position reported to each queued request
     _holders: set[Request]  # requests holding an admission slot
     _reserved: dict[str, int]  # model -> slots held (queued + waiting + in flight)
     _serving: dict[Request, str]  # granted request -> model, until its ServeDone
     _in_flight: dict[str, int]  # model -> granted requests not yet done
     _stats: SchedulerStats
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config
+
+    @property
+    def now(self) -> float:
+        """The `now` of the last event handled (the core never reads a clock)."""
+        return self._now
 
     def in_flight(self, model: str) -> int:
         """Granted requests for `model` whose ServeDone has not arrived."""
@@ -38,6 +68,79 @@ class Ledger:
     def stats(self) -> SchedulerStats:
         """A copy of the counters (see SchedulerStats)."""
         return self._stats.copy()
+
+    def _admit(self, req: Request) -> bool:
+        """Admission, the same for every policy. In order: an unknown model →
+        ModelNotFound (404), nothing reserved; after shutdown → ShuttingDown (503); the model
+        already holds `concurrency_limit` slots (queued + waiting + serving) →
+        ConcurrencyLimit (429, Retry-After: 1); otherwise reserve a slot and return True."""
+        if req in self._holders or req in self._serving:
+            raise InvariantViolation(f"request seq={req.seq} arrived twice")
+        mc = self._config.models.get(req.model)
+        if mc is None:
+            self._fx.grant_error(req, ModelNotFound(req.model))
+            return False
+        if self._shut_down:
+            self._fx.grant_error(req, ShuttingDown())
+            return False
+        limit = limit_of(mc)
+        if self.reserved(req.model) >= limit:
+            self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
+            return False
+        self._reserve(req)
+        return True
+
+    def _being_evicted(self, model: str) -> bool:
+        return any(model in swap.evict for swap in self._active.values())
+
+    def _collides(self, model: str, evict: list[str]) -> bool:
+        """Whether a swap to `model` evicting `evict` cannot run beside the active swaps."""
+        for target, swap in self._active.items():
+            if target == model:
+                continue
+            if target in evict or model in swap.evict or not set(evict).isdisjoint(swap.evict):
+                return True
+        return False
+
+    def _busy(self, evict: list[str]) -> bool:
+        """Whether stopping `evict` now would cut requests off or race an explicit unload."""
+        return any(self._in_flight.get(m, 0) > 0 or m in self._unloading for m in evict)
+
+    def _export_books(self, queued: list[Request]) -> SchedulerState:
+        """The shared half of `export_state`: move the books into a SchedulerState and leave
+        them empty and shut down; the policy then clears its own queue structure."""
+        state = SchedulerState(
+            queued=queued,
+            swaps=[SwapState(s.target, list(s.evict), list(s.waiters))
+                   for s in self._active.values()],
+            serving=dict(self._serving),
+            unloading=dict(self._unloading),
+            shut_down=self._shut_down,
+            now=self._now,
+            stats=self._stats.copy(),
+            positions=dict(self._positions),
+        )
+        self._active, self._serving, self._in_flight = {}, {}, {}
+        self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
+        self._shut_down = True
+        return state
+
+    def _restore_books(self, state: SchedulerState,
+                       make_swap: Callable[[str, list[str], list[Request]], Any]) -> None:
+        """The shared half of `from_state`: slots, swaps, in-flight counts, unloads, clock,
+        counters and positions; the policy then fills its own queue structure."""
+        for r in state.holders():
+            self._reserve(r)
+        for sw in state.swaps:
+            self._active[sw.target] = make_swap(sw.target, list(sw.evict), list(sw.waiters))
+        for r, model in state.serving.items():
+            self._serving[r] = model
+            self._in_flight[model] = self._in_flight.get(model, 0) + 1
+        self._unloading = dict(state.unloading)
+        self._shut_down = state.shut_down
+        self._now = state.now
+        self._stats = state.stats.copy()
+        self._positions = dict(state.positions)
 
     def _deliver(self, req: Request, model: str) -> None:
         """Grant `req` (its Dispatch already written). Only a grant the client received

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import READY, Effects
 from scheduling.core.errors import (
-    ConcurrencyLimit,
     ModelNotFound,
     ShuttingDown,
     SwapFailed,
@@ -49,9 +48,8 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.fifo import limit_of
-from scheduling.core.handover import SchedulerState, SwapState
-from scheduling.core.ledger import InvariantViolation, Ledger
+from scheduling.core.handover import SchedulerState
+from scheduling.core.ledger import Ledger
 from scheduling.core.priority import band
 from scheduling.core.stats import SchedulerStats, queue_snapshot
 
@@ -139,15 +137,6 @@ class Serial(Ledger):
         # so a request granted in the handler that queued it costs no position work).
         self._pending: dict[Request, None] = {}
 
-    @property
-    def config(self) -> SchedulerConfig:
-        return self._config
-
-    @property
-    def now(self) -> float:
-        """The `now` of the last event handled (the core never reads a clock)."""
-        return self._now
-
     # ---- read-only introspection (metrics, tests, bench) ----------------------------------
 
     def queued(self) -> list[Request]:
@@ -207,20 +196,8 @@ class Serial(Ledger):
         """
         self._now = ev.now
         req = ev.req
-        if req in self._holders or req in self._serving:
-            raise InvariantViolation(f"request seq={req.seq} arrived twice")
-        mc = self._config.models.get(req.model)
-        if mc is None:
-            self._fx.grant_error(req, ModelNotFound(req.model))
+        if not self._admit(req):
             return
-        if self._shut_down:
-            self._fx.grant_error(req, ShuttingDown())
-            return
-        limit = limit_of(mc)
-        if self.reserved(req.model) >= limit:
-            self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
-            return
-        self._reserve(req)
         swap = self._active.get(req.model)
         if swap is not None and req.model not in self._unloading:
             swap.waiters.append(req)
@@ -347,22 +324,9 @@ class Serial(Ledger):
     def export_state(self) -> SchedulerState:
         """Move every book into a SchedulerState and leave this scheduler empty and shut down
         (a late request gets ShuttingDown; a late ServeDone raises)."""
-        state = SchedulerState(
-            queued=self.queued(),
-            swaps=[SwapState(s.target, list(s.evict), list(s.waiters))
-                   for s in self._active.values()],
-            serving=dict(self._serving),
-            unloading=dict(self._unloading),
-            shut_down=self._shut_down,
-            now=self._now,
-            stats=self._stats.copy(),
-            positions=dict(self._positions),
-        )
+        state = self._export_books(self.queued())
         self._heaps, self._pheaps, self._live, self._count = {}, {}, {}, {}
-        self._active, self._serving, self._in_flight = {}, {}, {}
-        self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
         self._invalidate_order()
-        self._shut_down = True
         return state
 
     @classmethod
@@ -373,20 +337,9 @@ class Serial(Ledger):
         walk). In-flight counts above a model's `parallel` (fifo ignores it) are kept: no new
         grant goes to that model until it is below."""
         s = cls(config, fx)
-        for r in state.holders():
-            s._reserve(r)
+        s._restore_books(state, _Swap)
         for r in state.queued:
             s._push(r)
-        for sw in state.swaps:
-            s._active[sw.target] = _Swap(sw.target, list(sw.evict), list(sw.waiters))
-        for r, model in state.serving.items():
-            s._serving[r] = model
-            s._in_flight[model] = s._in_flight.get(model, 0) + 1
-        s._unloading = dict(state.unloading)
-        s._shut_down = state.shut_down
-        s._now = state.now
-        s._stats = state.stats.copy()
-        s._positions = dict(state.positions)
         s.on_settings_changed(SettingsChanged(config, state.now))
         return s
 
@@ -512,22 +465,6 @@ class Serial(Ledger):
                     and target in self._config.swapper.eviction_for(h, [*running, target])):
                 return True
         return False
-
-    def _being_evicted(self, model: str) -> bool:
-        return any(model in swap.evict for swap in self._active.values())
-
-    def _collides(self, model: str, evict: list[str]) -> bool:
-        """Whether a swap to `model` evicting `evict` cannot run beside the active swaps."""
-        for target, swap in self._active.items():
-            if target == model:
-                continue
-            if target in evict or model in swap.evict or not set(evict).isdisjoint(swap.evict):
-                return True
-        return False
-
-    def _busy(self, evict: list[str]) -> bool:
-        """Whether stopping `evict` now would cut requests off or race an explicit unload."""
-        return any(self._in_flight.get(m, 0) > 0 or m in self._unloading for m in evict)
 
     def _parallel(self, model: str) -> int:
         mc = self._config.models.get(model)

@@ -34,7 +34,8 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.fifo import Fifo, InvariantViolation
+from scheduling.core.fifo import Fifo
+from scheduling.core.ledger import InvariantViolation
 from scheduling.core.swapper import Group
 from tests.scheduling.fakes import (
     FakeEffects,

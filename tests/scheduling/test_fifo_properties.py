@@ -29,7 +29,8 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.fifo import Fifo, limit_of
+from scheduling.core.fifo import Fifo
+from scheduling.core.ledger import limit_of
 from scheduling.core.swapper import Group
 from tests.scheduling.fakes import FakeEffects, make_config, req
 

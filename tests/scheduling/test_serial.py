@@ -27,8 +27,9 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.fifo import Fifo, InvariantViolation
+from scheduling.core.fifo import Fifo
 from scheduling.core.handover import HandoverError, SchedulerState
+from scheduling.core.ledger import InvariantViolation
 from scheduling.core.policies import make_scheduler
 from scheduling.core.serial import Serial
 from scheduling.core.stats import SchedulerStats

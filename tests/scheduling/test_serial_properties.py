@@ -38,7 +38,7 @@ from scheduling.core.events import (
     Tick,
     UnloadRequested,
 )
-from scheduling.core.fifo import limit_of
+from scheduling.core.ledger import limit_of
 from scheduling.core.priority import band
 from scheduling.core.serial import Serial
 from scheduling.core.swapper import Group
