@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import time
+from functools import cached_property
 from typing import Any
 
 import httpx
@@ -84,6 +85,11 @@ class ProxyConsumer(AsyncHttpConsumer):
         self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
         self.rec: RequestRecord | None = None
 
+    @cached_property
+    def headers(self) -> dict[bytes, bytes]:
+        """The request headers by lower-case name, built once per request."""
+        return dict(self.scope["headers"])
+
     async def dispatch(self, message: dict) -> None:
         # Channels closes stale DB connections before every handler, a thread hop per ASGI
         # message; this path never touches the ORM, so it skips that.
@@ -145,10 +151,9 @@ class ProxyConsumer(AsyncHttpConsumer):
             self.submit_record()
 
     def new_record(self) -> RequestRecord:
-        headers = dict(self.scope["headers"])
         client = self.scope.get("client") or ("", 0)
         return RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
-                             headers.get(b"user-agent", b"").decode("latin-1"))
+                             self.headers.get(b"user-agent", b"").decode("latin-1"))
 
     def submit_record(self) -> None:
         """Hand the finished record to the activity writer: O(1), never the database."""
@@ -182,7 +187,7 @@ class ProxyConsumer(AsyncHttpConsumer):
     async def route(self, body: bytes) -> None:
         rt = await runtime.get()
         catalog = rt.catalog
-        headers = dict(self.scope["headers"])
+        headers = self.headers
         if catalog.api_keys:
             key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
                                 headers.get(b"x-api-key", b"").decode("latin-1"))
@@ -227,7 +232,7 @@ class ProxyConsumer(AsyncHttpConsumer):
         try:
             parsed = parse(self.scope["method"], upstream_path,
                            self.scope.get("query_string", b"").decode("latin-1"),
-                           dict(self.scope["headers"]), body)
+                           self.headers, body)
         except BadRequest as exc:
             await self.send_error(exc)
             return
@@ -276,7 +281,7 @@ class ProxyConsumer(AsyncHttpConsumer):
     async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
                       body: bytes) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives."""
-        priority = parse_priority(dict(self.scope["headers"]).get(PRIORITY_HEADER))
+        priority = parse_priority(self.headers.get(PRIORITY_HEADER))
         rec = self.rec
         if rec is not None:
             rec.priority = priority

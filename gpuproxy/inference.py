@@ -57,8 +57,9 @@ def parse(method: str, path: str, query: str, headers: dict[bytes, bytes], body:
           ) -> Parsed:
     """Find the model and the stream flag; raise BadRequest with what to fix."""
     ctype = content_type(headers)
-    query_model = (parse_qs(query).get("model") or [""])[0]
-    query_stream = (parse_qs(query).get("stream") or [""])[0].lower() == "true"
+    params = parse_qs(query) if query else {}
+    query_model = (params.get("model") or [""])[0]
+    query_stream = (params.get("stream") or [""])[0].lower() == "true"
     if ctype == b"multipart/form-data":
         m = _BOUNDARY.search(headers.get(b"content-type", b""))
         if not m:

@@ -23,8 +23,7 @@ from gpuproxy import relay
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
 from scheduling.catalog import Catalog
-from scheduling.core.config import SchedulerConfig
-from scheduling.core.effects import Scheduler
+from scheduling.core.policies import make_scheduler
 
 T = TypeVar("T")
 logger = logging.getLogger("gpuproxy.runtime")
@@ -49,13 +48,6 @@ async def _load_catalog() -> Catalog:
     from scheduling.catalog import build_catalog
 
     return await run_db(build_catalog)
-
-
-def make_scheduler(config: SchedulerConfig, loop: RunLoop, previous: Scheduler | None
-                   ) -> Scheduler:
-    from scheduling.core.policies import make_scheduler as make
-
-    return make(config, loop, previous)
 
 
 RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
