@@ -6,3 +6,8 @@ class GpuproxyConfig(AppConfig):
 
     name = "gpuproxy"
     verbose_name = "gpuproxy"
+
+    def ready(self) -> None:
+        from gpuproxy import metrics
+
+        metrics.register()

@@ -30,7 +30,7 @@ from activity import outcomes
 from activity.record import RequestRecord
 from activity.usage import UsageParser
 from activity.writer import writer as activity_writer
-from gpuproxy import relay, runtime
+from gpuproxy import metrics, relay, runtime
 from gpuproxy.auth import WWW_AUTHENTICATE, key_name, presented_key
 from gpuproxy.inference import (
     FORM_PATHS,
@@ -159,7 +159,9 @@ class ProxyConsumer(AsyncHttpConsumer):
         """Hand the finished record to the activity writer: O(1), never the database."""
         rec, self.rec = self.rec, None
         if rec is not None:
-            activity_writer().submit(rec.row())
+            row = rec.row()
+            activity_writer().submit(row)
+            metrics.observe_request(row)
 
     # ---- responses --------------------------------------------------------------------------
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from gpuproxy import metrics
 from gpuproxy.processes import StartFailed, State
 from gpuproxy.upstreams import Upstreams
 from scheduling.core import effects as fx
@@ -114,6 +116,10 @@ class RunLoop:
             except Exception:
                 # A scheduler bug must not wedge every other request: log it loudly and go on.
                 logger.exception("scheduler failed on %r", event)
+            try:
+                self._publish()
+            except Exception:
+                logger.exception("publishing the scheduler snapshot failed after %r", event)
             if self.processed is not None:
                 self.processed.put_nowait(event)
             if isinstance(event, Shutdown):
@@ -146,6 +152,18 @@ class RunLoop:
                 s.on_tick(event)
             case Shutdown():
                 s.on_shutdown(event)
+
+    def _publish(self) -> None:
+        """Hand the metrics a fresh, immutable view of the books (O(bands + models)); the
+        scrape thread reads only this, never the scheduler."""
+        s = self.scheduler
+        metrics.publish_scheduler(metrics.SchedulerSnapshot(
+            waiting=s.waiting_by_band(),
+            stats=s.stats(),
+            in_flight={m: n for m in s.config.models if (n := s.in_flight(m))},
+            clock_offset=time.monotonic() - self.now(),
+            scheduler=s.config.scheduler,
+        ))
 
     async def shutdown(self) -> None:
         """Answer every waiter, then stop every upstream."""
@@ -223,6 +241,8 @@ class RunLoop:
             logger.exception("swap to %r failed", model)
             error = f"model {model!r} could not be loaded: {exc}"
         self._swap_times[model] = (started, self.now())
+        if error is None:
+            metrics.observe_swap(model, self.now() - started)
         self.post(SwapDone(model, self.now(), error, timed_out))
 
     def grant_serve(self, req: Request, model: str) -> bool:
@@ -234,6 +254,8 @@ class RunLoop:
             waiting.swap_wait = load[1] - max(load[0], req.arrived)
         waiting.future.set_result(model)
         self.upstreams.process(model).request_started()
+        if req.dispatch is not None:
+            metrics.observe_dispatch(req.dispatch.band, req.dispatch.queue_wait)
         return True
 
     def grant_error(self, req: Request, error: SchedulingError) -> None:

@@ -49,7 +49,7 @@ def database_from_url(url: str) -> dict:
     options: dict = dict(parse_qsl(parts.query))
     options["pool"] = {"min_size": 1, "max_size": 8, "timeout": 10}
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "django_prometheus.db.backends.postgresql",  # django_db_* series
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
@@ -138,7 +138,7 @@ if os.environ.get("DATABASE_URL"):
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "django_prometheus.db.backends.sqlite3",  # django_db_* series
             "NAME": DATA_DIR / "gpuproxy.sqlite3",
             "OPTIONS": {"timeout": 20},
         }

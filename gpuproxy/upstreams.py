@@ -12,11 +12,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpuproxy import metrics
 from gpuproxy.logbuffer import registry as log_registry
 from gpuproxy.processes import State, UpstreamProcess
 from scheduling.catalog import Catalog
 
 logger = logging.getLogger("gpuproxy.upstreams")
+
+
+def _state_changed(model_id: str, state: State) -> None:
+    metrics.model_state_changed(model_id, state.value)
 
 
 class Upstreams:
@@ -30,6 +35,7 @@ class Upstreams:
         (or disabled) while their process exists; the caller unloads those when idle."""
         catalog = await self._load_catalog()
         self.catalog = catalog
+        metrics.models_configured(catalog.models)
         for model_id, proc in self._processes.items():
             if model_id in catalog.models:
                 proc.update_spec(catalog.models[model_id].spec)
@@ -42,7 +48,8 @@ class Upstreams:
         proc = self._processes.get(model_id)
         if proc is None:
             spec = self.catalog.models[model_id].spec
-            proc = self._processes[model_id] = UpstreamProcess(spec, log_registry.get(model_id))
+            proc = self._processes[model_id] = UpstreamProcess(
+                spec, log_registry.get(model_id), on_state=_state_changed)
         return proc
 
     def running_ids(self) -> list[str]:

@@ -14,6 +14,7 @@ urlpatterns = [
     re_path(r"^api/models/unload/(?P<model>.+)$", views.unload_model),
     path("unload", views.unload_all_legacy),
     path("api/queue", views.queue),
+    path("metrics", views.metrics_view),
     path("", include("activity.urls")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),

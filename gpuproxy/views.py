@@ -164,6 +164,20 @@ async def _forward(src: asyncio.Queue[str], dst: asyncio.Queue[str]) -> None:
             pass
 
 
+@api_view(("GET",))
+async def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus exposition of the default registry: django-prometheus's `django_*` series
+    and ours (gpuproxy/metrics.py). Always 200: with performance monitoring off the system
+    series are simply absent (llama-swap answers 503 instead). Rendered on a worker thread so
+    a scrape never holds the event loop; the collectors read only published snapshots."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = await asyncio.to_thread(encoder, REGISTRY)
+    return HttpResponse(body, content_type=content_type)
+
+
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return json_error(404, f"no such endpoint: {request.method} {request.path}",
                       code="not_found")

@@ -39,7 +39,6 @@ from scheduling.core.events import (
 from scheduling.core.handover import SchedulerState
 from scheduling.core.ledger import Ledger
 from scheduling.core.priority import band
-from scheduling.core.stats import SchedulerStats, queue_snapshot
 
 logger = logging.getLogger("scheduling.fifo")
 
@@ -67,19 +66,8 @@ class Fifo(Ledger):
     """
 
     def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
-        self._config = config
-        self._fx = fx
+        self._init_books(config, fx)
         self._queue: list[Request] = []
-        self._positions: dict[Request, int] = {}  # last position reported per queued request
-        self._active: dict[str, _Swap] = {}
-        self._in_flight: dict[str, int] = {}
-        self._serving: dict[Request, str] = {}  # granted request → the model it was granted
-        self._holders: set[Request] = set()  # requests holding an admission slot
-        self._reserved: dict[str, int] = {}
-        self._unloading: dict[str, int] = {}  # model → UnloadRequested not yet done
-        self._shut_down = False
-        self._now = 0.0  # the `now` of the last event
-        self._stats = SchedulerStats()
 
     # ---- read-only introspection (metrics, tests) -----------------------------------------
 
@@ -95,12 +83,6 @@ class Fifo(Ledger):
         """The request the next drain considers first (the queue head), or None. No side
         effects; `now` is unused (fifo has no aging) and kept for parity with Serial.pick."""
         return self._queue[0] if self._queue else None
-
-    def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
-        """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
-        waiting on a swap. Every band is present."""
-        waiting = [*self._queue, *(w for s in self._active.values() for w in s.waiters)]
-        return queue_snapshot(waiting, now)
 
     # ---- policy switch (scheduling/core/handover.py) --------------------------------------
 

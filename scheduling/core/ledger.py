@@ -5,6 +5,7 @@ never in how a pick is accounted, so that part lives here once.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from scheduling.core.errors import (
 )
 from scheduling.core.events import Request
 from scheduling.core.handover import SchedulerState, SwapState
+from scheduling.core.priority import BANDS, band
 from scheduling.core.stats import SchedulerStats
 
 
@@ -47,6 +49,30 @@ class Ledger:
     _serving: dict[Request, str]  # granted request -> model, until its ServeDone
     _in_flight: dict[str, int]  # model -> granted requests not yet done
     _stats: SchedulerStats
+    # Admitted and not yet granted (queued or waiting on a swap), per band, for the queue
+    # gauges: a count, and a heap on arrival with lazy deletion (an entry is live while its
+    # request is in `_waiting`), so the oldest is O(log n) amortised instead of a scan.
+    _waiting: set[Request]
+    _wait_count: dict[str, int]
+    _wait_heaps: dict[str, list[tuple[float, int, int, Request]]]
+
+    def _init_books(self, config: SchedulerConfig, fx: Effects) -> None:
+        """The shared books, empty; each policy's constructor calls this first."""
+        self._config = config
+        self._fx = fx
+        self._now = 0.0
+        self._shut_down = False
+        self._active = {}
+        self._unloading = {}
+        self._positions = {}
+        self._holders = set()
+        self._reserved = {}
+        self._serving = {}
+        self._in_flight = {}
+        self._stats = SchedulerStats()
+        self._waiting = set()
+        self._wait_count = dict.fromkeys(BANDS, 0)
+        self._wait_heaps = {b: [] for b in BANDS}
 
     @property
     def config(self) -> SchedulerConfig:
@@ -68,6 +94,24 @@ class Ledger:
     def stats(self) -> SchedulerStats:
         """A copy of the counters (see SchedulerStats)."""
         return self._stats.copy()
+
+    def waiting_by_band(self) -> dict[str, tuple[int, float | None]]:
+        """Per band: (requests admitted and not yet granted, the oldest one's `arrived`, or
+        None when the band is empty). Every band is present. O(bands), amortised: the run
+        loop publishes this after every event for the metrics."""
+        out: dict[str, tuple[int, float | None]] = {}
+        for b in BANDS:
+            heap = self._wait_heaps[b]
+            while heap and heap[0][3] not in self._waiting:
+                heapq.heappop(heap)
+            out[b] = (self._wait_count[b], heap[0][0] if heap else None)
+        return out
+
+    def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
+        waiting on a swap. Every band is present; an empty band is (0, 0.0)."""
+        return {b: (n, 0.0 if oldest is None else max(0.0, now - oldest))
+                for b, (n, oldest) in self.waiting_by_band().items()}
 
     def _admit(self, req: Request) -> bool:
         """Admission, the same for every policy. In order: an unknown model →
@@ -122,6 +166,9 @@ class Ledger:
         )
         self._active, self._serving, self._in_flight = {}, {}, {}
         self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
+        self._waiting = set()
+        self._wait_count = dict.fromkeys(BANDS, 0)
+        self._wait_heaps = {b: [] for b in BANDS}
         self._shut_down = True
         return state
 
@@ -136,6 +183,7 @@ class Ledger:
         for r, model in state.serving.items():
             self._serving[r] = model
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
+            self._unwait(r)
         self._unloading = dict(state.unloading)
         self._shut_down = state.shut_down
         self._now = state.now
@@ -147,6 +195,7 @@ class Ledger:
         counts in flight: counting a refused one would strand the count and block every
         later eviction of `model`."""
         if self._fx.grant_serve(req, model):
+            self._unwait(req)
             self._serving[req] = model
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
             assert req.dispatch is not None
@@ -178,11 +227,30 @@ class Ledger:
     def _reserve(self, req: Request) -> None:
         self._holders.add(req)
         self._reserved[req.model] = self._reserved.get(req.model, 0) + 1
+        b = band(req.priority)
+        self._waiting.add(req)
+        self._wait_count[b] += 1
+        heapq.heappush(self._wait_heaps[b], (req.arrived, req.seq, id(req), req))
+
+    def _unwait(self, req: Request) -> None:
+        """`req` stops waiting (granted or gone); its heap entry is dropped lazily."""
+        if req in self._waiting:
+            self._waiting.remove(req)
+            b = band(req.priority)
+            self._wait_count[b] -= 1
+            heap = self._wait_heaps[b]
+            if len(heap) > 64 + 2 * self._wait_count[b]:
+                # Mostly dead entries (an old request holds the top while later ones come and
+                # go): rebuild, so memory follows the live queue and no granted request is
+                # kept alive by its entry.
+                heap[:] = [e for e in heap if e[3] in self._waiting]
+                heapq.heapify(heap)
 
     def _release(self, req: Request) -> None:
         if req not in self._holders:
             raise InvariantViolation(f"releasing a slot request seq={req.seq} never reserved")
         self._holders.remove(req)
+        self._unwait(req)
         left = self._reserved[req.model] - 1
         if left:
             self._reserved[req.model] = left

@@ -51,7 +51,6 @@ from scheduling.core.events import (
 from scheduling.core.handover import SchedulerState
 from scheduling.core.ledger import Ledger
 from scheduling.core.priority import band
-from scheduling.core.stats import SchedulerStats, queue_snapshot
 
 logger = logging.getLogger("scheduling.serial")
 
@@ -108,8 +107,7 @@ class Serial(Ledger):
     """
 
     def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
-        self._config = config
-        self._fx = fx
+        self._init_books(config, fx)
         self._div = aging_divisor_of(config)
         self._bonus = affinity_bonus_of(config)
         self._heaps: dict[str, list[_Entry]] = {}  # only models with queued requests
@@ -117,16 +115,6 @@ class Serial(Ledger):
         self._live: dict[Request, int] = {}
         self._count: dict[str, int] = {}  # model → live queued requests
         self._tokens = itertools.count()
-        self._active: dict[str, _Swap] = {}
-        self._in_flight: dict[str, int] = {}
-        self._serving: dict[Request, str] = {}
-        self._holders: set[Request] = set()
-        self._reserved: dict[str, int] = {}
-        self._unloading: dict[str, int] = {}
-        self._shut_down = False
-        self._now = 0.0
-        self._stats = SchedulerStats()
-        self._positions: dict[Request, int] = {}  # last position reported per queued request
         # The queue in score order, kept up to date by bisection on push and removal (for
         # position reports), valid for the affinity set `_order_affine`; None when stale.
         self._order: list[Request] | None = None
@@ -175,12 +163,6 @@ class Serial(Ledger):
         """`req`'s score at `now` with the current affinity: priority + affinity + aging."""
         aff = self._bonus if req.model in self._affine() else 0
         return req.priority + aff + (now - req.arrived) / self._div
-
-    def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
-        """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
-        waiting on a swap. Every band is present. O(n)."""
-        waiting = [*self._live, *(w for s in self._active.values() for w in s.waiters)]
-        return queue_snapshot(waiting, now)
 
     # ---- events ---------------------------------------------------------------------------
 

@@ -1,12 +1,10 @@
-"""Counters kept by every scheduler, for metrics (a later issue exports them to Prometheus)."""
+"""Counters kept by every scheduler; `/metrics` exports them (gpuproxy/metrics.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from scheduling.core.events import Request
-from scheduling.core.priority import BANDS, band
+from scheduling.core.priority import BANDS
 
 
 def _zero_per_band() -> dict[str, int]:
@@ -35,19 +33,3 @@ class SchedulerStats:
     def copy(self) -> SchedulerStats:
         return SchedulerStats(dict(self.dispatched), self.pick_changed_by_aging,
                               self.pick_changed_by_affinity)
-
-
-def queue_snapshot(waiting: Iterable[Request], now: float) -> dict[str, tuple[int, float]]:
-    """Per band: (how many requests wait, seconds the oldest has waited at `now`).
-
-    Every band is present; an empty band is (0, 0.0). `waiting` is everything admitted and not
-    yet granted: queued, and waiting on a swap.
-    """
-    depth = _zero_per_band()
-    oldest: dict[str, float] = {}
-    for r in waiting:
-        b = band(r.priority)
-        depth[b] += 1
-        if b not in oldest or r.arrived < oldest[b]:
-            oldest[b] = r.arrived
-    return {b: (depth[b], max(0.0, now - oldest[b]) if b in oldest else 0.0) for b in BANDS}

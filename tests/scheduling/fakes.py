@@ -151,3 +151,15 @@ class FakeEffects:
             self.states[m] = STOPPED
         self.states[model] = READY if error is None else FAILED
         return SwapDone(model, now, error, timed_out)
+
+
+def waiting_by_band_of(holders: Iterable[Request]) -> dict[str, tuple[int, float | None]]:
+    """The per-band queue gauges computed the slow way, from the requests held (queued or
+    waiting on a swap): the reference the property tests compare `waiting_by_band()` to."""
+    bands = {"interactive": lambda p: p >= 50, "batch": lambda p: p <= -50,
+             "normal": lambda p: -50 < p < 50}
+    out: dict[str, tuple[int, float | None]] = {}
+    for name, member in bands.items():
+        arrivals = [r.arrived for r in holders if member(r.priority)]
+        out[name] = (len(arrivals), min(arrivals) if arrivals else None)
+    return out

@@ -32,7 +32,7 @@ from scheduling.core.events import (
 from scheduling.core.fifo import Fifo
 from scheduling.core.ledger import limit_of
 from scheduling.core.swapper import Group
-from tests.scheduling.fakes import FakeEffects, make_config, req
+from tests.scheduling.fakes import FakeEffects, make_config, req, waiting_by_band_of
 
 PAIR = Group("pair", frozenset({"p", "q"}), swap=False, exclusive=False)
 MODELS = ("a", "b", "c", "p", "q")  # a b c: exclusive (default group); p q: co-run
@@ -208,6 +208,7 @@ class Harness:
             assert s.reserved(m) == held + s.in_flight(m)
             if m in mcs:
                 assert s.reserved(m) <= limit_of(mcs[m])
+        assert s.waiting_by_band() == waiting_by_band_of(holders)
 
     def settle(self) -> None:
         """Let the shell finish everything (swaps succeed unless aborted) until quiet."""

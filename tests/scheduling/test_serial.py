@@ -871,6 +871,6 @@ def test_serial_satisfies_scheduler_shape():
     for name in ("on_request", "on_cancel", "on_swap_done", "on_serve_done", "on_unload",
                  "on_unload_done", "on_settings_changed", "on_tick", "on_shutdown",
                  "queued", "in_flight", "reserved", "active_swaps", "pick", "stats",
-                 "queue_snapshot", "export_state", "from_state"):
+                 "queue_snapshot", "waiting_by_band", "export_state", "from_state"):
         assert callable(getattr(s, name))
     assert isinstance(s.config, SchedulerConfig) and isinstance(s.stats(), SchedulerStats)

@@ -42,7 +42,7 @@ from scheduling.core.ledger import limit_of
 from scheduling.core.priority import band
 from scheduling.core.serial import Serial
 from scheduling.core.swapper import Group
-from tests.scheduling.fakes import FakeEffects, make_config, req
+from tests.scheduling.fakes import FakeEffects, make_config, req, waiting_by_band_of
 from tests.scheduling.test_fifo_properties import CheckedEffects
 
 EPS = 1e-9
@@ -280,6 +280,7 @@ class Harness:
             if m in mcs:
                 assert s.reserved(m) <= limit_of(mcs[m])
         assert sum(s.stats().dispatched.values()) == len(fx.grants)
+        assert s.waiting_by_band() == waiting_by_band_of(holders)
 
     def settle(self) -> None:
         fx = self.fx

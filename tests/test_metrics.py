@@ -1,0 +1,309 @@
+"""`GET /metrics` of a real `gpuproxy serve`: scheduler, request, model and activity series,
+parsed with prometheus_client's own text parser (no string grepping)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import FAKE, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BANDS = ("interactive", "normal", "batch")
+
+
+class Scrape:
+    """One parsed scrape: samples by (name, sorted labels)."""
+
+    def __init__(self, text: str) -> None:
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in self.families.values():
+            for s in family.samples:
+                self.samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+
+    def get(self, name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        assert key in self.samples, f"no sample {name}{labels}"
+        return self.samples[key]
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+    def per_band(self, name: str) -> dict[str, float]:
+        return {b: self.get(name, band=b) for b in BANDS}
+
+
+def scrape(proxy, **headers: str) -> Scrape:
+    r = proxy.http.get("/metrics", headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return Scrape(r.text)
+
+
+def scrape_until(proxy, predicate, within: float = 20.0) -> Scrape:
+    """Records are counted just after the response is sent: poll until they are in."""
+    deadline = time.monotonic() + within
+    while True:
+        s = scrape(proxy)
+        if predicate(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.02)
+
+
+def wait_queue(proxy, predicate, within: float = 20.0) -> dict:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        q = proxy.http.get("/api/queue").json()
+        if predicate(q):
+            return q
+        time.sleep(0.01)
+    pytest.fail(f"queue never matched: {q}")
+
+
+class Caller(threading.Thread):
+    """One chat request in the background; `order` records who finished when."""
+
+    def __init__(self, base: str, name: str, model: str, priority: str | None,
+                 order: list[str], gate: str | None = None) -> None:
+        super().__init__(daemon=True)
+        self.base, self.name, self.model, self.order = base, name, model, order
+        self.headers = {}
+        if gate:
+            self.headers["X-Fake-Gate"] = gate
+        if priority is not None:
+            self.headers["X-LlamaSwap-Priority"] = priority
+        self.status: int | None = None
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.base, trust_env=False, timeout=60) as h:
+            r = h.post("/v1/chat/completions", headers=self.headers, json={
+                "model": self.model, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "x"}]})
+        self.status = r.status_code
+        self.order.append(self.name)
+
+
+def open_gate(port: int, gate: str) -> None:
+    """Let the fake upstream on `port` answer the requests held on `gate`."""
+    r = httpx.post(f"http://127.0.0.1:{port}/fake/gates/open", json={"gate": gate},
+                   trust_env=False)
+    assert r.status_code == 200
+
+
+def one_model(start: int, extra: str = "") -> str:
+    return f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {FAKE}
+    {extra}
+    """
+
+
+def test_queue_depth_dispatches_and_oldest_wait_per_band(serve):
+    start = free_port()
+    proxy = serve(one_model(start))
+    s = scrape(proxy)
+    assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
+    assert s.per_band("gpuproxy_queue_oldest_wait_seconds") == dict.fromkeys(BANDS, 0)
+    assert s.per_band("gpuproxy_dispatched_total") == dict.fromkeys(BANDS, 0)
+    assert s.get("gpuproxy_model_state", model="solo", state="stopped") == 1
+    assert s.get("gpuproxy_model_state", model="solo", state="ready") == 0
+
+    order: list[str] = []
+    first = Caller(proxy.base, "first", "solo", None, order, gate="first")
+    first.start()
+    wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
+    batch_sent = time.monotonic()
+    batch = [Caller(proxy.base, f"batch{i}", "solo", "batch", order) for i in range(3)]
+    for c in batch:
+        c.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 3)
+    batch_seen = time.monotonic()
+    urgent = Caller(proxy.base, "urgent", "solo", "interactive", order)
+    urgent.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 4)
+
+    before = time.monotonic()
+    s = scrape(proxy)
+    after = time.monotonic()
+    assert s.per_band("gpuproxy_queue_depth") == {"interactive": 1, "normal": 0, "batch": 3}
+    assert s.per_band("gpuproxy_dispatched_total") == {"interactive": 0, "normal": 1,
+                                                       "batch": 0}
+    oldest = s.per_band("gpuproxy_queue_oldest_wait_seconds")
+    # the oldest batch request arrived after we sent it and before we saw all three queued
+    assert before - batch_seen <= oldest["batch"] <= after - batch_sent
+    assert 0 < oldest["interactive"] < oldest["batch"]
+    assert oldest["normal"] == 0
+    assert s.get("gpuproxy_in_flight_requests", model="solo") == 1
+    assert s.get("gpuproxy_model_state", model="solo", state="ready") == 1
+    assert s.get("gpuproxy_model_state", model="solo", state="stopped") == 0
+
+    open_gate(start, "first")
+    for c in [first, *batch, urgent]:
+        c.join(60)
+        assert c.status == 200
+    assert order[:2] == ["first", "urgent"]
+
+    s = scrape_until(proxy, lambda s: s.get(
+        "gpuproxy_requests_total", model="solo", band="batch", outcome="ok") == 3)
+    assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
+    assert s.per_band("gpuproxy_queue_oldest_wait_seconds") == dict.fromkeys(BANDS, 0)
+    assert s.per_band("gpuproxy_dispatched_total") == {"interactive": 1, "normal": 1,
+                                                       "batch": 3}
+    assert s.per_band("gpuproxy_queue_wait_seconds_count") == {"interactive": 1, "normal": 1,
+                                                               "batch": 3}
+    # the batch requests waited at least as long as we watched them queue
+    assert s.get("gpuproxy_queue_wait_seconds_sum", band="batch") >= 3 * (before - batch_seen)
+    assert s.get("gpuproxy_requests_total", model="solo", band="interactive",
+                 outcome="ok") == 1
+    assert s.get("gpuproxy_requests_total", model="solo", band="normal", outcome="ok") == 1
+    assert s.get("gpuproxy_request_duration_seconds_count", model="solo") == 5
+    assert s.get("gpuproxy_time_to_first_token_seconds_count", model="solo") == 5
+    assert s.get("gpuproxy_tokens_total", model="solo", kind="completion") == 5  # 1 each
+    assert s.get("gpuproxy_tokens_total", model="solo", kind="prompt") > 0
+    assert s.get("gpuproxy_swaps_total", model="solo") == 1
+    assert s.get("gpuproxy_swap_duration_seconds_count", model="solo") == 1
+    assert s.get("gpuproxy_in_flight_requests", model="solo") == 0
+    assert s.get("gpuproxy_pick_changed_by_aging_total") == 0
+    assert s.get("gpuproxy_activity_dropped_rows_total") == 0
+    assert s.get("django_db_new_connections_total", alias="default", vendor="postgresql") >= 1
+
+
+def test_aging_that_changes_the_pick_is_counted(serve):
+    """agingDivisor 1 µs: a batch request queued a few milliseconds before a normal one has
+    aged by far more than the 100 points between them, so it wins; without aging it would
+    not have."""
+    start = free_port()
+    proxy = serve(one_model(start, """
+    routing:
+      scheduler:
+        use: serial
+        settings:
+          serial:
+            agingDivisor: 0.000001
+    """))
+    order: list[str] = []
+    first = Caller(proxy.base, "first", "solo", None, order, gate="first")
+    first.start()
+    wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
+    old = Caller(proxy.base, "old-batch", "solo", "batch", order)
+    old.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 1)
+    fresh = Caller(proxy.base, "fresh-normal", "solo", None, order)
+    fresh.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 2)
+    assert scrape(proxy).get("gpuproxy_pick_changed_by_aging_total") == 0
+    open_gate(start, "first")
+    for c in (first, old, fresh):
+        c.join(60)
+        assert c.status == 200
+    assert order == ["first", "old-batch", "fresh-normal"]
+    s = scrape(proxy)
+    assert s.get("gpuproxy_pick_changed_by_aging_total") == 1
+    assert s.get("gpuproxy_pick_changed_by_affinity_total") == 0
+
+
+def test_affinity_that_changes_the_pick_is_counted(serve):
+    """`a` is loaded and busy; `b` (priority 5) queued before `a` (priority 0). The loaded
+    model's bonus of 20 puts the `a` request first; without it `b` would win."""
+    start = free_port()
+    proxy = serve(f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      a:
+        cmd: {FAKE}
+      b:
+        cmd: {FAKE}
+    groups:
+      pair:
+        swap: true
+        members: [a, b]
+    routing:
+      scheduler:
+        use: serial
+        settings:
+          serial:
+            swapAffinityBonus: 20
+    """)
+    order: list[str] = []
+    first = Caller(proxy.base, "first", "a", None, order, gate="first")
+    first.start()
+    wait_queue(proxy, lambda q: q["in_flight"].get("a") == 1)
+    other = Caller(proxy.base, "b-5", "b", "5", order)
+    other.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 1)
+    same = Caller(proxy.base, "a-0", "a", "0", order)
+    same.start()
+    wait_queue(proxy, lambda q: len(q["queued"]) == 2)
+    open_gate(start, "first")  # `a` sorts first: it has the start port
+    for c in (first, other, same):
+        c.join(60)
+        assert c.status == 200
+    assert order == ["first", "a-0", "b-5"]
+    s = scrape(proxy)
+    assert s.get("gpuproxy_pick_changed_by_affinity_total") == 1
+    assert s.get("gpuproxy_pick_changed_by_aging_total") == 0
+    assert s.get("gpuproxy_swaps_total", model="a") == 1
+    assert s.get("gpuproxy_swaps_total", model="b") == 1
+    assert s.get("gpuproxy_model_state", model="b", state="ready") == 1
+    assert s.get("gpuproxy_model_state", model="a", state="stopped") == 1
+
+
+def test_outcomes_crashes_and_start_failures(serve):
+    start = free_port()
+    proxy = serve(f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {FAKE}
+      broken:
+        cmd: {FAKE} --exit-on-start 3
+    """)
+    r = proxy.http.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert r.status_code == 404
+    r = proxy.http.post("/v1/chat/completions", json={"model": "broken", "messages": []})
+    assert r.status_code == 502
+    r = proxy.http.post("/v1/chat/completions",
+                        headers={"X-LlamaSwap-Priority": "batch"},
+                        json={"model": "solo", "max_tokens": 2, "messages": []})
+    assert r.status_code == 200
+    pid = proxy.http.get("/running").json()["running"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)  # a crash of a ready upstream
+
+    s = scrape_until(proxy, lambda s: s.get("gpuproxy_upstream_exits_total", model="solo") == 1
+                     and s.get("gpuproxy_requests_total", model="solo", band="batch",
+                               outcome="ok") == 1)
+    assert s.get("gpuproxy_upstream_exits_total", model="solo") == 1
+    assert s.get("gpuproxy_model_state", model="solo", state="stopped") == 1
+    assert s.get("gpuproxy_upstream_start_failures_total", model="broken") == 1
+    assert s.get("gpuproxy_upstream_exits_total", model="broken") == 0
+    assert s.get("gpuproxy_model_state", model="broken", state="failed") == 1
+    assert s.get("gpuproxy_swaps_total", model="broken") == 0
+    assert s.get("gpuproxy_requests_total", model="", band="normal",
+                 outcome="unknown_model") == 1
+    assert s.get("gpuproxy_requests_total", model="broken", band="normal",
+                 outcome="start_failed") == 1
+    assert s.get("gpuproxy_tokens_total", model="solo", kind="completion") == 2
+    # label values stay bounded: the unknown name never becomes a label
+    assert not any(("model", "nope") in labels for _, labels in s.samples)
+
+
+def test_metrics_needs_a_key_when_keys_exist(serve):
+    proxy = serve(one_model(free_port(), "apiKeys: [sekrit-1]"))
+    r = proxy.http.get("/metrics")
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error"
+    s = scrape(proxy, Authorization="Bearer sekrit-1")
+    assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
