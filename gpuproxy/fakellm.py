@@ -216,6 +216,9 @@ class FakeLLM:
         self._stop: asyncio.Event | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._routes: dict[str, tuple[str, Callable[..., Any]]] = {}
+        #: `X-Fake-Gate: NAME` holds a response until `POST /fake/gates/open {"gate": NAME}`:
+        #: a test decides when a request finishes, instead of guessing a hold time.
+        self._gates: dict[str, asyncio.Event] = {}
         self._header_tail = b""
 
     # ----------------------------------------------------------------- lifecycle
@@ -303,6 +306,7 @@ class FakeLLM:
             "/v1/reranking": ("POST", self._rerank),
             "/reranking": ("POST", self._rerank),
             "/v1/audio/transcriptions": ("POST", self._transcribe),
+            "/fake/gates/open": ("POST", self._open_gate),
         }
         # Routes whose body is not JSON (multipart uploads): the handler reads it raw.
         self._raw_body = {"/v1/audio/transcriptions"}
@@ -540,6 +544,38 @@ class FakeLLM:
         self, req: Request, body: dict[str, Any] | None, reader: asyncio.StreamReader
     ) -> None:
         await self._pause(reader, _hold_seconds(req, body))
+        gate = req.headers.get("x-fake-gate")
+        if gate:
+            await self._wait_gate(reader, gate)
+
+    def _gate(self, name: str) -> asyncio.Event:
+        event = self._gates.get(name)
+        if event is None:
+            event = self._gates[name] = asyncio.Event()
+        return event
+
+    async def _wait_gate(self, reader: asyncio.StreamReader, name: str) -> None:
+        """Wait until gate `name` is opened, noticing a client that left meanwhile."""
+        event = self._gate(name)
+        while not event.is_set():
+            if reader.at_eof():
+                raise ClientGone
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), POLL_SLICE)
+
+    async def _open_gate(
+        self,
+        req: Request,
+        body: dict[str, Any] | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        name = (body or {}).get("gate")
+        if not isinstance(name, str) or not name:
+            raise HttpError(400, "send {\"gate\": NAME}")
+        self._gate(name).set()
+        await self._send_json(writer, 200, _dumps({"gate": name, "open": True}),
+                              keep_alive=req.keep_alive, http10=req.http10)
 
     def _count_completion_request(self) -> bool:
         """Count a request to a model endpoint; True if `--crash-after` says this one dies."""
@@ -799,6 +835,9 @@ class FakeLLM:
         slot = self._acquire_slot()
         try:
             await self._pause(reader, hold)
+            gate = req.headers.get("x-fake-gate")
+            if gate:
+                await self._wait_gate(reader, gate)
             self._request_seq += 1
             if stream:
                 await self._stream(req, reader, writer, chat, n_tokens, prompt_tokens, crash)

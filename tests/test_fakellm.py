@@ -398,6 +398,29 @@ def test_hold_header_and_body_field(start_fake: Callable[..., FakeProcess]) -> N
     assert answer.choices[0].message.content == "tok0 "
 
 
+def test_gate_holds_until_opened_and_notices_a_client_that_left(
+    start_fake: Callable[..., FakeProcess],
+) -> None:
+    fake = start_fake()
+    gated = _open_stream(fake, "X-Fake-Gate: g1\r\n")
+    left = _open_stream(fake, "X-Fake-Gate: never\r\n")
+    deadline = time.monotonic() + DEADLINE
+    while [s["is_processing"] for s in slots(fake)] != [True, True]:
+        assert time.monotonic() < deadline, slots(fake)
+        time.sleep(0.01)
+    left.close()
+    fake.wait_line("client went away after 0 tokens")
+    gated.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        gated.recv(1)  # still held: not a byte until the gate opens
+    opened = httpx.post(f"{fake.base}/fake/gates/open", json={"gate": "g1"})
+    assert opened.json() == {"gate": "g1", "open": True}
+    gated.settimeout(DEADLINE)
+    assert gated.recv(65536).startswith(b"HTTP/1.1 200")
+    gated.close()
+    assert httpx.post(f"{fake.base}/fake/gates/open", json={}).status_code == 400
+
+
 def test_tps_paces_tokens(start_fake: Callable[..., FakeProcess]) -> None:
     fake = start_fake("--tps", "40")
     started = time.monotonic()
