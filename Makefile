@@ -24,6 +24,7 @@ run: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/gpuproxy serve --config $(CONFIG) --listen $(LISTEN)
 
 test: $(STAMP)
+	scripts/ensure-test-tools
 	DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres)}" $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
