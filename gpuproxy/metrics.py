@@ -8,8 +8,9 @@ Three ways figures get here, chosen by who owns them:
   computed at scrape time from the published arrival, so it stays exact between events.
 - Facts that happen once (a request finished, a swap, a dispatch's wait) are counted where they
   happen, with ordinary prometheus_client counters and histograms (thread-safe).
-- The activity writer's counters and the performance monitor's sample are read as they are:
-  plain integers and an immutable sample swapped in whole.
+- The activity writer's counters and the performance monitor's sample (gpuproxy/perfmon.py,
+  taken in the background, never at scrape time) are read as they are: plain integers and an
+  immutable sample swapped in whole.
 
 Label values are bounded: model ids from the configuration ("" for a request that named no
 defined model), the three bands, the outcome set and the process states. Never request ids.
@@ -31,6 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuproxy.perfmon import PerfCollector, PerfMonitor
 from scheduling.core.priority import BANDS
 from scheduling.core.stats import SchedulerStats
 
@@ -68,6 +70,7 @@ class _Published:
     scheduler: SchedulerSnapshot = EMPTY
     models: tuple[str, ...] = ()
     model_states: dict[str, str] = field(default_factory=dict)
+    perf: PerfMonitor | None = None
 
 
 _published = _Published()
@@ -80,6 +83,23 @@ def publish_scheduler(snapshot: SchedulerSnapshot) -> None:
 
 def scheduler_snapshot() -> SchedulerSnapshot:
     return _published.scheduler
+
+
+def publish_perf_monitor(monitor: PerfMonitor | None) -> None:
+    """The running proxy's performance monitor (one per runtime, bound to its loop)."""
+    _published.perf = monitor
+
+
+class _PerfCollector:
+    """The current runtime's monitor's series; nothing when there is none or it is off."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        monitor = _published.perf
+        if monitor is not None:
+            yield from PerfCollector(monitor).collect()
 
 
 class SchedulerCollector:
@@ -260,4 +280,5 @@ def register(registry: CollectorRegistry = REGISTRY) -> None:
         disable_created_metrics()
         registry.register(SchedulerCollector())
         registry.register(ActivityCollector())
+        registry.register(_PerfCollector())
         _registered = True

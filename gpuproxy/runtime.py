@@ -19,7 +19,8 @@ from typing import TypeVar
 from django.db import close_old_connections
 
 from activity.writer import writer as activity_writer
-from gpuproxy import relay
+from gpuproxy import metrics, relay
+from gpuproxy.perfmon import PerfMonitor
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
 from scheduling.catalog import Catalog
@@ -54,9 +55,10 @@ RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
 
 
 class Runtime:
-    def __init__(self, upstreams: Upstreams, run_loop: RunLoop) -> None:
+    def __init__(self, upstreams: Upstreams, run_loop: RunLoop, perf: PerfMonitor) -> None:
         self.upstreams = upstreams
         self.run_loop = run_loop
+        self.perf = perf
         self._watcher: asyncio.Task | None = None
 
     def start_watcher(self, every: float = RELOAD_SECONDS) -> None:
@@ -95,6 +97,7 @@ class Runtime:
         """Re-read the definitions and hand the scheduler its new configuration."""
         catalog, removed = await self.upstreams.refresh()
         self.run_loop.settings_changed(catalog.scheduler_config())
+        self.perf.configure(catalog.performance_monitoring, catalog.performance_interval)
         if removed:
             await self.run_loop.unload(removed)
 
@@ -103,6 +106,8 @@ class Runtime:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        await self.perf.stop()
+        metrics.publish_perf_monitor(None)
         await self.run_loop.shutdown()
         await self.upstreams.shutdown()
         await relay.close()
@@ -134,7 +139,10 @@ async def get() -> Runtime:
         run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()
         activity_writer().start()
-        _runtime = Runtime(upstreams, run_loop)
+        perf = PerfMonitor(catalog.performance_interval, catalog.performance_monitoring)
+        perf.start()
+        metrics.publish_perf_monitor(perf)
+        _runtime = Runtime(upstreams, run_loop, perf)
     except BaseException as exc:
         _starting.set_exception(exc)
         _starting.exception()  # retrieved: the callers below re-raise it

@@ -51,6 +51,8 @@ class Catalog:
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
     include_aliases_in_list: bool = False
+    performance_monitoring: bool = True
+    performance_interval: float = 5.0
     fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:
@@ -156,5 +158,7 @@ def build_catalog() -> Catalog:
         aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
         include_aliases_in_list=settings.include_aliases_in_list,
+        performance_monitoring=settings.performance_monitoring,
+        performance_interval=settings.performance_interval,
         fingerprint=stamp,
     )

@@ -31,6 +31,7 @@ from scheduling.llamaswap import (
     ParsedModel,
     api_key_name,
     dump_yaml,
+    format_go_duration,
     parse_config,
 )
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings, hash_key
@@ -54,7 +55,8 @@ _SETTINGS_PATHS = {
     "health_check_timeout": "healthCheckTimeout", "global_ttl": "globalTTL",
     "unload_timeout": "unloadTimeout", "start_port": "startPort",
     "send_loading_state": "sendLoadingState", "include_aliases_in_list": "includeAliasesInList",
-    "performance_monitoring": "performance.disabled", "preload": "hooks.on_startup.preload",
+    "performance_monitoring": "performance.disabled", "performance_interval": "performance.every",
+    "preload": "hooks.on_startup.preload",
 }
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
                 "persistent": "persistent"}
@@ -192,7 +194,8 @@ class _Import:
             "unload_timeout": s.unload_timeout, "start_port": s.start_port,
             "send_loading_state": s.send_loading_state,
             "include_aliases_in_list": s.include_aliases_in_list,
-            "performance_monitoring": s.performance_monitoring, "preload": list(s.preload),
+            "performance_monitoring": s.performance_monitoring,
+            "performance_interval": s.performance_interval, "preload": list(s.preload),
         })
         _full_clean(row, "", _SETTINGS_PATHS)
         self.save(row, changed)
@@ -367,7 +370,8 @@ def export_config() -> dict[str, Any]:
         "startPort": s.start_port,
         "sendLoadingState": s.send_loading_state,
         "includeAliasesInList": s.include_aliases_in_list,
-        "performance": {"disabled": not s.performance_monitoring},
+        "performance": {"disabled": not s.performance_monitoring,
+                        "every": format_go_duration(s.performance_interval)},
         "models": {m.model_id: _export_model(m) for m in defs},
     }
     groups = list(ModelGroup.objects.order_by("group_id"))

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import yaml
@@ -41,6 +42,8 @@ DEFAULT_HEALTH_CHECK_TIMEOUT = 120
 MIN_HEALTH_CHECK_TIMEOUT = 15
 DEFAULT_UNLOAD_TIMEOUT = 10
 DEFAULT_START_PORT = 5800
+DEFAULT_PERFORMANCE_INTERVAL = 5.0  # llama-swap's code default (its schema says 15s)
+MIN_PERFORMANCE_INTERVAL = 1.0
 DEFAULT_PROXY = "http://localhost:${PORT}"
 DEFAULT_CHECK_ENDPOINT = "/health"
 RESERVED_MACROS = ("PID", "PORT", "MODEL_ID")
@@ -82,6 +85,7 @@ class ParsedSettings:
     send_loading_state: bool = False
     include_aliases_in_list: bool = False
     performance_monitoring: bool = True
+    performance_interval: float = DEFAULT_PERFORMANCE_INTERVAL
     preload: tuple[str, ...] = ()
 
 
@@ -297,6 +301,43 @@ def _go_str(value: Any) -> str:
     if isinstance(value, float):
         return _go_float(value)
     return str(value)
+
+
+_MICRO = Fraction(1, 10**6)
+_DURATION_UNITS = {"ns": Fraction(1, 10**9), "us": _MICRO, "\u00b5s": _MICRO, "\u03bcs": _MICRO,
+                   "ms": Fraction(1, 1000), "s": Fraction(1), "m": Fraction(60),
+                   "h": Fraction(3600)}
+_DURATION_PART = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
+_DURATION = re.compile(rf"[-+]?(?:0|(?:{_DURATION_PART})+)")
+_DURATION_SPLIT = re.compile(r"([0-9.]+)([^0-9.]+)")
+_DURATION_MAX = Fraction(2**63 - 1, 10**9)  # Go's time.Duration is int64 nanoseconds
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds in a Go duration string ("15s", "1m30s", "1.5h"), read as Go's
+    `time.ParseDuration` reads it, since that is what llama-swap accepts for `performance.every`.
+
+    Summed exactly (not in float steps) so that `format_go_duration`'s output reads back as the
+    very same float, which is what keeps export → import free of spurious changes.
+    """
+    if not _DURATION.fullmatch(text):
+        raise ValueError(f"{text!r} is not a duration")
+    total = sum((Fraction(number if not number.endswith(".") else number[:-1] or "0")
+                 * _DURATION_UNITS[unit]
+                 for number, unit in _DURATION_SPLIT.findall(text)), Fraction(0))
+    if total > _DURATION_MAX:
+        raise ValueError(f"{text!r} is longer than a Go duration can be")
+    return float(-total if text.startswith("-") else total)
+
+
+def format_go_duration(seconds: float) -> str:
+    """Seconds as a duration string that Go (and `parse_go_duration`) reads back unchanged."""
+    if not math.isfinite(seconds):
+        raise ValueError(f"{seconds} seconds is not a duration")
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    # repr is the shortest text that reads back as this float, with no exponent in 1e-4..1e16.
+    return f"{seconds!r}s"
 
 
 def _subst(value: Any, macros: Mapping[str, Any], typed: bool) -> Any:
@@ -588,6 +629,20 @@ class _Parser:
             raise ConfigError(path, f"must be at least {minimum}, got {value}")
         return value
 
+    def duration(self, value: Any, path: str, default: float) -> float:
+        """Seconds from a Go duration string; a bare number is refused, as llama-swap refuses it
+        (Go would read `every: 15` as 15 nanoseconds, so guessing a unit would mislead)."""
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ConfigError(path, f"expected a duration such as 15s or 1m30s, got "
+                                    f"{_describe(value)}; add the unit")
+        try:
+            return parse_go_duration(value)
+        except ValueError:
+            raise ConfigError(path, f"expected a duration such as 15s or 1m30s (units ns, us, "
+                                    f"ms, s, m, h), got {_describe(value)}") from None
+
     def strings(self, value: Any, path: str) -> list[str]:
         return [self.text(item, f"{path}[{i}]") for i, item in enumerate(self.seq(value, path))]
 
@@ -680,12 +735,15 @@ class _Parser:
             raise ConfigError("startPort", f"must be a port number 1..65535, got {start_port}")
         performance = self.mapping(data.get("performance"), "performance")
         disabled = self.boolean(performance.get("disabled"), "performance.disabled", False)
-        for key in performance:
-            if key == "every":
-                self.warn("performance.every", "not supported by gpuproxy; ignored (gpuproxy "
-                                               "samples at its own fixed interval)")
-            elif key != "disabled":
-                self.known_keys({key: None}, "performance", frozenset())
+        interval = self.duration(performance.get("every"), "performance.every",
+                                 DEFAULT_PERFORMANCE_INTERVAL)
+        if interval < MIN_PERFORMANCE_INTERVAL:
+            raise ConfigError("performance.every", f"must be at least 1s, got "
+                                                   f"{performance['every']}; every sample runs "
+                                                   "nvidia-smi or rocm-smi, so faster only "
+                                                   "costs CPU")
+        self.known_keys({k: None for k in performance if k not in ("disabled", "every")},
+                        "performance", frozenset())
         return ParsedSettings(
             health_check_timeout=health,
             global_ttl=global_ttl,
@@ -696,6 +754,7 @@ class _Parser:
             include_aliases_in_list=self.boolean(data.get("includeAliasesInList"),
                                                  "includeAliasesInList", False),
             performance_monitoring=not disabled,
+            performance_interval=interval,
         )
 
     # macros ------------------------------------------------------------------------------

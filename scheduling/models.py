@@ -7,6 +7,7 @@ the same words. Field names follow Django style; each help text names the llama-
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import secrets
 
@@ -19,6 +20,7 @@ MODEL_ID_MAX = 255
 DEFAULT_CONCURRENCY_LIMIT = 10
 MIN_HEALTH_CHECK_TIMEOUT = 15
 MAX_SWAP_AFFINITY_BONUS = 99
+MIN_PERFORMANCE_INTERVAL = 1.0
 _ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -236,6 +238,9 @@ class ProxySettings(models.Model):
         default=False, help_text="`includeAliasesInList`: list aliases in /v1/models.")
     performance_monitoring = models.BooleanField(
         default=True, help_text="Collect CPU/memory/GPU figures (`performance.disabled`).")
+    performance_interval = models.FloatField(
+        default=5.0, help_text="`performance.every`: seconds between performance samples "
+                               "(at least 1).")
     preload = models.JSONField(
         default=list, blank=True,
         help_text="`hooks.on_startup.preload`: models loaded, in order, at start.")
@@ -261,6 +266,13 @@ class ProxySettings(models.Model):
         if self.health_check_timeout < MIN_HEALTH_CHECK_TIMEOUT:
             errors["health_check_timeout"] = (
                 f"The health check timeout must be at least {MIN_HEALTH_CHECK_TIMEOUT} seconds.")
+        interval = self.performance_interval
+        if isinstance(interval, int | float) and not (
+                math.isfinite(interval) and interval >= MIN_PERFORMANCE_INTERVAL):
+            errors["performance_interval"] = (
+                f"The performance interval must be at least {MIN_PERFORMANCE_INTERVAL:g} second: "
+                "every sample runs nvidia-smi or rocm-smi, so sampling faster costs CPU without "
+                "making the figures any more useful.")
         if not (1 <= self.start_port <= 65535):
             errors["start_port"] = "The start port must be 1..65535."
         if not isinstance(self.preload, list) or not all(

@@ -158,6 +158,7 @@ def test_the_llama_swap_example_imports_with_the_values_it_spells_out():
         500, 0, 10, 10001)
     assert (s.send_loading_state, s.include_aliases_in_list, s.performance_monitoring) == (
         True, False, True)
+    assert s.performance_interval == 15.0  # `every: 15s`
     assert s.scheduler == "fifo"
     assert s.preload == []  # "llama" is a selector there, not a model
 
@@ -188,7 +189,8 @@ def test_missing_keys_get_the_model_defaults():
     blank = ProxySettings()
     for field in ("scheduler", "aging_divisor", "swap_affinity_bonus", "health_check_timeout",
                   "global_ttl", "unload_timeout", "start_port", "send_loading_state",
-                  "include_aliases_in_list", "performance_monitoring", "preload"):
+                  "include_aliases_in_list", "performance_monitoring", "performance_interval",
+                  "preload"):
         assert getattr(s, field) == getattr(blank, field), field
     m = ModelDefinition.objects.get()
     fresh = ModelDefinition()
@@ -266,6 +268,7 @@ BAD_FILES = {
                             "  b: {members: [m]}\n", "groups.b.members[0]"),
     "bad scheduler": ("models: {}\nrouting: {scheduler: {use: lottery}}\n",
                       "routing.scheduler.use"),
+    "sampling too often": ("models: {}\nperformance: {every: 500ms}\n", "performance.every"),
     # pass the parser, refused by full_clean() after earlier rows were already written
     "name too long": ("globalTTL: 7\nmodels:\n  keep: {cmd: s}\n  zz: {cmd: s, name: '"
                       + "n" * 300 + "'}\n", "models.zz.name"),
@@ -310,6 +313,20 @@ def test_export_then_import_gives_identical_rows():
     assert snapshot() == before
 
 
+@pytest.mark.parametrize(("every", "exported", "seconds"), [
+    ("1m30s", "90s", 90.0), ("2.5s", "2.5s", 2.5), ("1.1s", "1.1s", 1.1)])
+def test_performance_every_survives_export_and_import(every, exported, seconds):
+    apply(f"performance: {{disabled: true, every: {every}}}\nmodels: {{m: {{cmd: s}}}}\n")
+    s = ProxySettings.load()
+    assert (s.performance_monitoring, s.performance_interval) == (False, seconds)
+    before = snapshot()
+    text = export_yaml()
+    assert yaml.safe_load(text)["performance"] == {"disabled": True, "every": exported}
+    report = import_config(parse_config(text, {}))
+    assert (report.written, report.deleted) == (0, 0), text
+    assert snapshot() == before
+
+
 def test_export_recreates_the_state_in_an_empty_database():
     import_config(parse_config(example_text(), EXAMPLE_ENV))
     before = without_identity(snapshot())
@@ -327,6 +344,7 @@ def test_export_is_llama_swap_shaped_and_holds_no_plain_keys():
     text = export_yaml()
     data = yaml.safe_load(text)
     assert data["startPort"] == 10001
+    assert data["performance"] == {"disabled": False, "every": "15s"}
     assert data["routing"]["scheduler"]["use"] == "fifo"
     assert data["routing"]["scheduler"]["settings"]["serial"] == {"agingDivisor": 60.0,
                                                                   "swapAffinityBonus": 10}

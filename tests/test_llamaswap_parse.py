@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.llamaswap import ConfigError, ParsedConfig, ParsedModel, parse_config
+from scheduling.llamaswap import (
+    ConfigError,
+    ParsedConfig,
+    ParsedModel,
+    format_go_duration,
+    parse_config,
+    parse_go_duration,
+)
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "shared" / "reference"
            / "llama-swap-config.example.yaml")
@@ -51,7 +58,7 @@ def test_example_warnings_name_every_unsupported_section_in_it():
     parsed = parse_config(example_text(), EXAMPLE_ENV)
     expected = {
         "logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui",
-        "performance.every", "upstream.ignorePaths", "profiles", "selectors", "peers",
+        "upstream.ignorePaths", "profiles", "selectors", "peers",
         "routing.router.settings.matrix", "models.gpt-oss-120b.timeouts",
         "models.gpt-oss-120b.compat",
     }
@@ -646,6 +653,61 @@ def test_global_settings_and_unload_timeout_zero_means_ten():
         True, True, False)
 
 
+def test_example_performance_every_is_read():
+    assert parse_config(example_text(), EXAMPLE_ENV).settings.performance_interval == 15.0
+
+
+@pytest.mark.parametrize(("every", "seconds"), [
+    (None, 5.0),  # llama-swap's default
+    ("15s", 15.0),
+    ("1m30s", 90.0),
+    ("1.5h", 5400.0),
+    ("2.5s", 2.5),
+    ("1500ms", 1.5),
+    ("1s", 1.0),
+])
+def test_performance_every_is_a_go_duration(every, seconds):
+    text = "models: {}\n" if every is None else f"performance: {{every: {every}}}\nmodels: {{}}\n"
+    parsed = parse(text)
+    assert parsed.settings.performance_interval == seconds
+    assert "performance.every" not in warned_paths(parsed)
+
+
+@pytest.mark.parametrize(("every", "fragment"), [
+    ("500ms", "at least 1s"),
+    ("0s", "at least 1s"),
+    ("-5s", "at least 1s"),
+    ("15", "add the unit"),  # an integer; Go would read it as 15 nanoseconds
+    ("fast", "such as 15s"),
+    ("15 s", "such as 15s"),
+    ("1d", "such as 15s"),
+])
+def test_bad_performance_every_is_an_error_naming_the_key(every, fragment):
+    err = error(f"performance: {{every: {every}}}\nmodels: {{}}\n")
+    assert err.path == "performance.every"
+    assert fragment in str(err), str(err)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (5.0, "5s"), (90.0, "90s"), (2.5, "2.5s"), (1.1, "1.1s"), (86400.0, "86400s")])
+def test_format_go_duration_reads_back_as_the_same_float(seconds, text):
+    assert format_go_duration(seconds) == text
+    assert parse_go_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("0", 0.0), ("1h2m3.5s", 3723.5), (".5s", 0.5), ("1.s", 1.0), ("+4s", 4.0), ("-1m", -60.0),
+    ("250us", 0.00025), ("250\u00b5s", 0.00025), ("7ns", 7e-9)])
+def test_parse_go_duration_follows_time_parse_duration(text, seconds):
+    assert parse_go_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "1", "s", ".s", "1e3s", "-", "1h 2m", "9999999999999h"])
+def test_parse_go_duration_refuses_what_go_refuses(text):
+    with pytest.raises(ValueError):
+        parse_go_duration(text)
+
+
 @pytest.mark.parametrize(("snippet", "path"), [
     ("globalTTL: -1", "globalTTL"),
     ('startPort: "x"', "startPort"),
@@ -738,7 +800,7 @@ def test_bad_api_keys_are_errors(snippet, path):
     ("captureBuffer: 5", "captureBuffer"),
     ("store: {path: /tmp/a.sqlite}", "store"),
     ("ui: {activity: {session_id: []}}", "ui"),
-    ("performance: {every: 10s}", "performance.every"),
+    ("performance: {every: 10s, sampleGpus: true}", "performance.sampleGpus"),
     ("upstream: {ignorePaths: ['x']}", "upstream.ignorePaths"),
     ("profiles: {p: {pins: {x: m}}}", "profiles"),
     ("selectors: {s: {strategy: pin, targets: [m]}}", "selectors"),

@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -307,3 +308,32 @@ def test_metrics_needs_a_key_when_keys_exist(serve):
     assert r.json()["error"]["type"] == "authentication_error"
     s = scrape(proxy, Authorization="Bearer sekrit-1")
     assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
+
+
+SYSTEM_SERIES = ("gpuproxy_cpu_util_percent", "gpuproxy_memory_total_bytes",
+                 "gpuproxy_memory_used_bytes", "gpuproxy_load_average",
+                 "gpuproxy_network_bytes_total")
+
+
+def test_performance_monitoring_off_is_200_without_system_series_and_applies_live(serve):
+    """Off in the config: 200 and no system series. Switched on in the database (as an admin
+    save from another process would): the running proxy starts sampling, no restart."""
+    from scheduling.models import ProxySettings
+
+    proxy = serve(one_model(free_port(), "performance: {disabled: true, every: 1s}"),
+                  extra_env={"GPUPROXY_RELOAD_SECONDS": "0.1"})
+    s = scrape(proxy)
+    assert not {n for n in s.names() if n.startswith(SYSTEM_SERIES)}
+    assert not any(n.startswith("gpuproxy_gpu_") for n in s.names())
+    assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
+
+    settings = ProxySettings.load()
+    settings.performance_monitoring = True
+    settings.save()
+    s = scrape_until(proxy, lambda s: "gpuproxy_memory_total_bytes" in s.names())
+    assert s.get("gpuproxy_memory_total_bytes") == psutil.virtual_memory().total
+    cores = {labels for name, labels in s.samples if name == "gpuproxy_cpu_util_percent"}
+    assert len(cores) == psutil.cpu_count()
+    assert {s.get("gpuproxy_load_average", interval=i) >= 0 for i in ("1m", "5m", "15m")} \
+        == {True}
+    assert s.get("gpuproxy_network_bytes_total", interface="lo", direction="recv") > 0

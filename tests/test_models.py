@@ -54,12 +54,20 @@ def test_alias_unique_across_models():
     ({"aging_divisor": -1.5}, "aging_divisor"),
     ({"swap_affinity_bonus": 100}, "swap_affinity_bonus"),
     ({"health_check_timeout": 14}, "health_check_timeout"),
+    ({"performance_interval": 0.5}, "performance_interval"),
+    ({"performance_interval": float("inf")}, "performance_interval"),
 ])
 def test_settings_refusals(kw, field):
     settings = ProxySettings.load()
     for k, v in kw.items():
         setattr(settings, k, v)
     assert field in errors(settings)
+
+
+def test_performance_interval_below_one_second_says_why():
+    message = errors(ProxySettings(performance_interval=0.5))["performance_interval"][0]
+    assert "at least 1 second" in message and "nvidia-smi" in message
+    ProxySettings(performance_interval=1.0).full_clean()
 
 
 def test_settings_singleton_and_version():
