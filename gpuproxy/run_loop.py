@@ -27,6 +27,7 @@ from scheduling.core.events import (
     Event,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
@@ -140,6 +141,8 @@ class RunLoop:
                 s.on_unload(event)
             case UnloadDone():
                 s.on_unload_done(event)
+            case RestartRequested():
+                s.on_restart(event)
             case SettingsChanged():
                 if event.config.scheduler != s.config.scheduler:
                     # A policy switch (fifo <-> serial) hands the queue, swaps and in-flight
@@ -163,6 +166,7 @@ class RunLoop:
             in_flight={m: n for m in s.config.models if (n := s.in_flight(m))},
             clock_offset=time.monotonic() - self.now(),
             scheduler=s.config.scheduler,
+            restart_pending=s.restart_pending(),
         ))
 
     async def shutdown(self) -> None:
@@ -209,6 +213,10 @@ class RunLoop:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.post(UnloadRequested(tuple(models), self.now(), done))
         await done
+
+    def restart(self, models: Iterable[str]) -> None:
+        """Restart these models once each is idle (work in flight is never cut off)."""
+        self.post(RestartRequested(tuple(models), self.now()))
 
     def settings_changed(self, config: SchedulerConfig) -> None:
         self.post(SettingsChanged(config, self.now()))

@@ -24,6 +24,12 @@ class UpstreamSpec:
     unload_timeout: float = 10.0  # graceful seconds before SIGKILL on unload
     health_check_timeout: float = 120.0  # seconds to become ready
 
+    def revision(self) -> str:
+        """What a running process was started from: a change here means it must restart to
+        take effect. TTL and timeouts apply to the running process as they are."""
+        return repr((self.cmd, self.proxy, self.cmd_stop, self.check_endpoint,
+                     sorted(self.env.items())))
+
     def argv(self) -> list[str]:
         return split_command(self.cmd)
 

@@ -66,7 +66,8 @@ class Catalog:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
-            models={m.model_id: ModelConfig(m.concurrency_limit, m.parallel, m.fifo_priority)
+            models={m.model_id: ModelConfig(m.concurrency_limit, m.parallel, m.fifo_priority,
+                                            revision=m.spec.revision())
                     for m in self.models.values()},
             swapper=self.swapper(),
             scheduler=self.scheduler,

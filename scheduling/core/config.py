@@ -14,6 +14,9 @@ class ModelConfig:
     concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT  # admitted at once: queued + served
     parallel: int = 1  # requests the upstream serves at once (its slots)
     fifo_priority: int = 0  # routing.scheduler.settings.fifo.priority
+    # What the running process was started from (its command, env, URL...): when it changes
+    # while the model runs, the scheduler restarts it once it is idle.
+    revision: str = ""
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,14 @@ class UnloadDone:
 
 
 @dataclass(frozen=True)
+class RestartRequested:
+    """Restart these models once each is idle (admin action), never cutting off work."""
+
+    models: tuple[str, ...]
+    now: float
+
+
+@dataclass(frozen=True)
 class SettingsChanged:
     config: SchedulerConfig
     now: float
@@ -110,4 +118,4 @@ class Shutdown:
 
 
 Event = (RequestArrived | Cancelled | SwapDone | ServeDone | UnloadRequested | UnloadDone
-         | SettingsChanged | Tick | Shutdown)
+         | RestartRequested | SettingsChanged | Tick | Shutdown)

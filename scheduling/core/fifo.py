@@ -28,6 +28,7 @@ from scheduling.core.events import (
     Dispatch,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
@@ -176,7 +177,7 @@ class Fifo(Ledger):
         if ev.error is not None:
             for w in swap.waiters:
                 self._fail(w, SwapFailed(ev.model, ev.error, ev.timed_out))
-        elif ev.model in self._unloading:
+        elif self._held(ev.model):
             for w in swap.waiters:
                 bisect.insort(self._queue, w, key=self._rank)
             self._report_positions()
@@ -220,14 +221,23 @@ class Fifo(Ledger):
                 self._unloading.pop(m, None)
         self._drain()
 
+    def on_restart(self, ev: RestartRequested) -> None:
+        """Restart each running model once it is idle (no request in flight); until then
+        requests for it queue. The restart is a swap to the model that evicts itself."""
+        self._now = ev.now
+        self._request_restart(ev.models)
+        self._drain()
+
     def on_settings_changed(self, ev: SettingsChanged) -> None:
         """Adopt the new config: requests for models it no longer defines get ModelNotFound,
-        the queue is re-sorted by the new priorities, then drained.
+        the queue is re-sorted by the new priorities, then drained. A running model that is
+        gone stops, and one whose process definition changed restarts, once idle.
 
         A swap to a removed model keeps its record until its SwapDone (the shell is still
         loading it); requests in flight on a removed model keep their slot until ServeDone.
         """
         self._now = ev.now
+        self._note_config_change(self._config.models, ev.config.models)
         self._config = ev.config
         models = ev.config.models
         for req in [r for r in self._queue if r.model not in models]:
@@ -267,7 +277,7 @@ class Fifo(Ledger):
     def _place(self, req: Request) -> bool:
         """Steps 3-8 of `on_request` for an admitted request; False means "queue it"."""
         model = req.model
-        unloading = model in self._unloading
+        unloading = self._held(model)
         # (3)
         swap = self._active.get(model)
         if swap is not None and not unloading:
@@ -300,12 +310,20 @@ class Fifo(Ledger):
         Those that can now join, fast-path or start do so (several swaps may start in one
         drain); the rest stay where they were, since the queue is sorted by a fixed key.
         """
-        if not self._queue:
-            return
+        self._forget_stopped()
         for req in list(self._queue):
             self._queue.remove(req)
             if not self._place(req):
                 bisect.insort(self._queue, req, key=self._rank)
+        self._maintain()
+        self._report_positions()
+
+    def _start_restart(self, model: str) -> None:
+        waiters = [r for r in self._queue if r.model == model]
+        self._queue = [r for r in self._queue if r.model != model]
+        self._active[model] = _Swap(model, [model], waiters)
+        logger.info("restarting %r (its definition changed or a restart was asked)", model)
+        self._fx.start_swap(model, [model])
         self._report_positions()
 
     # ---- bookkeeping ----------------------------------------------------------------------

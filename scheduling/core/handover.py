@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduling.core.config import ModelConfig
 from scheduling.core.events import Request
 from scheduling.core.stats import SchedulerStats
 
@@ -40,6 +41,8 @@ class SchedulerState:
     now: float = 0.0  # the `now` of the last event the exporter saw
     stats: SchedulerStats = field(default_factory=SchedulerStats)
     positions: dict[Request, int] = field(default_factory=dict)  # last position reported
+    pending_stop: dict[str, str] = field(default_factory=dict)  # model → "restart" | "removed"
+    models: dict[str, ModelConfig] = field(default_factory=dict)  # the exporter's config
 
     def holders(self) -> list[Request]:
         """Every request holding a slot; raises HandoverError if one appears twice."""

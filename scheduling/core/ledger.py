@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduling.core.config import DEFAULT_CONCURRENCY_LIMIT, ModelConfig, SchedulerConfig
-from scheduling.core.effects import Effects
+from scheduling.core.effects import READY, STARTING, Effects
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -52,6 +52,10 @@ class Ledger:
     # Admitted and not yet granted (queued or waiting on a swap), per band, for the queue
     # gauges: a count, and a heap on arrival with lazy deletion (an entry is live while its
     # request is in `_waiting`), so the oldest is O(log n) amortised instead of a scan.
+    # Models to stop once idle, never cutting off work in flight: "restart" (its definition
+    # changed, or an admin asked) restarts it with a swap evicting itself; "removed" (no
+    # longer defined, or disabled) just stops it. Until then nothing new is granted to it.
+    _pending_stop: dict[str, str]
     _waiting: set[Request]
     _wait_count: dict[str, int]
     _wait_heaps: dict[str, list[tuple[float, int, int, Request]]]
@@ -70,6 +74,7 @@ class Ledger:
         self._serving = {}
         self._in_flight = {}
         self._stats = SchedulerStats()
+        self._pending_stop = {}
         self._waiting = set()
         self._wait_count = dict.fromkeys(BANDS, 0)
         self._wait_heaps = {b: [] for b in BANDS}
@@ -94,6 +99,10 @@ class Ledger:
     def stats(self) -> SchedulerStats:
         """A copy of the counters (see SchedulerStats)."""
         return self._stats.copy()
+
+    def restart_pending(self) -> frozenset[str]:
+        """Models waiting to be restarted once idle (for the dashboard's "restart needed")."""
+        return frozenset(m for m, why in self._pending_stop.items() if why == "restart")
 
     def waiting_by_band(self) -> dict[str, tuple[int, float | None]]:
         """Per band: (requests admitted and not yet granted, the oldest one's `arrived`, or
@@ -134,6 +143,64 @@ class Ledger:
         self._reserve(req)
         return True
 
+    def _held(self, model: str) -> bool:
+        """Nothing new may be granted to `model`, nor a swap load it: an explicit unload is
+        under way, or a stop-when-idle is pending."""
+        return model in self._unloading or model in self._pending_stop
+
+    def _running(self, model: str) -> bool:
+        return (model in self._active
+                or self._fx.model_state(model) in (READY, STARTING))
+
+    def _note_config_change(self, old: dict[str, ModelConfig],
+                            new: dict[str, ModelConfig]) -> None:
+        """A running model that the new config no longer defines is stopped when idle; one
+        whose process definition (`revision`) changed is restarted when idle."""
+        for m, mc in old.items():
+            if not self._running(m):
+                continue
+            if m not in new:
+                self._pending_stop[m] = "removed"
+            elif new[m].revision != mc.revision:
+                self._pending_stop.setdefault(m, "restart")
+
+    def _request_restart(self, models: tuple[str, ...]) -> None:
+        """An admin asked: restart each running, defined model once it is idle."""
+        for m in models:
+            if m in self._config.models and self._running(m):
+                self._pending_stop.setdefault(m, "restart")
+
+    def _forget_stopped(self) -> None:
+        """Drop pending stops of models that stopped by themselves meanwhile (TTL, crash,
+        eviction, unload): their next start uses the new definition anyway. Runs before
+        every walk, so their requests are no longer held in it."""
+        if self._shut_down:  # the shell stops everything on its way out
+            self._pending_stop.clear()
+        for m in [m for m in self._pending_stop if not self._running(m)]:
+            del self._pending_stop[m]
+
+    def _maintain(self) -> None:
+        """Carry out pending stops whose model has gone idle. Runs after every walk: a model
+        the walk chose to evict needs no restart, and an idle one is never held for long."""
+        for m, why in list(self._pending_stop.items()):
+            if (m in self._active or m in self._unloading or self._being_evicted(m)
+                    or self._in_flight.get(m, 0) > 0):
+                continue
+            if why == "restart":
+                if self._collides(m, [m]):
+                    continue
+                del self._pending_stop[m]
+                self._start_restart(m)
+            else:
+                del self._pending_stop[m]
+                self._unloading[m] = self._unloading.get(m, 0) + 1
+                self._fx.stop_processes([m], None)
+
+    def _start_restart(self, model: str) -> None:
+        """A swap to `model` that evicts `model` itself: the shell stops it, then starts it
+        again from the current definition. Requests for it wait for this swap like any other."""
+        raise NotImplementedError
+
     def _being_evicted(self, model: str) -> bool:
         return any(model in swap.evict for swap in self._active.values())
 
@@ -163,9 +230,12 @@ class Ledger:
             now=self._now,
             stats=self._stats.copy(),
             positions=dict(self._positions),
+            pending_stop=dict(self._pending_stop),
+            models=dict(self._config.models),
         )
         self._active, self._serving, self._in_flight = {}, {}, {}
         self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
+        self._pending_stop = {}
         self._waiting = set()
         self._wait_count = dict.fromkeys(BANDS, 0)
         self._wait_heaps = {b: [] for b in BANDS}
@@ -189,6 +259,8 @@ class Ledger:
         self._now = state.now
         self._stats = state.stats.copy()
         self._positions = dict(state.positions)
+        self._pending_stop = dict(state.pending_stop)
+        self._note_config_change(state.models, self._config.models)
 
     def _deliver(self, req: Request, model: str) -> None:
         """Grant `req` (its Dispatch already written). Only a grant the client received

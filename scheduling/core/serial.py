@@ -40,6 +40,7 @@ from scheduling.core.events import (
     Dispatch,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
@@ -252,13 +253,21 @@ class Serial(Ledger):
                 self._unloading.pop(m, None)
         self._dispatch()
 
+    def on_restart(self, ev: RestartRequested) -> None:
+        """As fifo: each running model restarts once idle; until then it gets nothing new."""
+        self._now = ev.now
+        self._request_restart(ev.models)
+        self._dispatch()
+
     def on_settings_changed(self, ev: SettingsChanged) -> None:
         """Adopt the new config at once, keeping the queue: requests (queued, or waiting on a
-        swap) for models it no longer defines get ModelNotFound; a new aging divisor re-keys
-        the heaps; the queue is re-ranked (new bonus, divisor) and walked."""
+        swap) for models it no longer defines get ModelNotFound; a running model that is gone
+        stops, and one whose process definition changed restarts, once idle; a new aging
+        divisor re-keys the heaps; the queue is re-ranked (new bonus, divisor) and walked."""
         self._now = ev.now
         self._invalidate_order()  # ranks change with the bonus and the divisor
         old_div = self._div
+        self._note_config_change(self._config.models, ev.config.models)
         self._config = ev.config
         self._div = aging_divisor_of(ev.config)
         self._bonus = affinity_bonus_of(ev.config)
@@ -328,8 +337,10 @@ class Serial(Ledger):
     # ---- decisions ------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        self._forget_stopped()
         if not self._shut_down and self._heaps:
             self._walk()
+        self._maintain()
         self._report_positions()
 
     def _walk(self) -> None:
@@ -394,12 +405,12 @@ class Serial(Ledger):
                 continue
             assert req is not None
             swap = self._active.get(m)
-            if swap is not None and m not in self._unloading:
+            if swap is not None and not self._held(m):
                 swap.waiters.extend(self._take_all(m))
                 swap.best = None
                 continue
             evict = swapper.eviction_for(m, running)
-            if m in self._unloading:
+            if self._held(m):
                 blocked.add(m)
                 claims.append((m, evict))
                 no_feed.update(evict)
@@ -426,6 +437,12 @@ class Serial(Ledger):
             logger.info("swap to %r: evicting %s (first waiter seq=%d)", m,
                         ", ".join(repr(x) for x in evict) or "nothing", req.seq)
             self._fx.start_swap(m, list(evict))
+
+    def _start_restart(self, model: str) -> None:
+        waiters = self._take_all(model) if model in self._heaps else []
+        self._active[model] = _Swap(model, [model], waiters)
+        logger.info("restarting %r (its definition changed or a restart was asked)", model)
+        self._fx.start_swap(model, [model])
 
     def _swap_best(self, swap: _Swap) -> tuple[float, int]:
         """The best (key, seq) among a swap's waiters (cached until they change)."""
@@ -454,13 +471,14 @@ class Serial(Ledger):
 
     def _affine(self) -> set[str]:
         """The models whose requests get the affinity bonus: READY and neither being evicted
-        nor unloading, or the target of an active swap that is not being unloaded."""
+        nor held (unloading, or waiting to stop or restart when idle), or the target of an
+        active swap that is not held."""
         if self._bonus == 0:
             return set()
-        out = {t for t in self._active if t not in self._unloading}
+        out = {t for t in self._active if not self._held(t)}
         evicting = {m for swap in self._active.values() for m in swap.evict}
         for m in self._fx.running_models():
-            if (m not in out and m not in self._unloading and m not in evicting
+            if (m not in out and not self._held(m) and m not in evicting
                     and self._fx.model_state(m) == READY):
                 out.add(m)
         return out

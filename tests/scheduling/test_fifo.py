@@ -571,7 +571,8 @@ def test_fifo_settings_change_removes_model_404_and_resorts():
 
 def test_fifo_settings_change_errors_swap_waiters_of_removed_model():
     """Waiters of a swap to a removed model get 404; the swap record stays until SwapDone
-    so nothing else starts around it."""
+    so nothing else starts around it; then the next model's swap evicts the undefined one
+    (no separate stop needed)."""
     s, fx = fifo()
     a = arrive(s, "a")
     s.on_settings_changed(SettingsChanged(make_config(["b"]), 1.0))
@@ -579,7 +580,7 @@ def test_fifo_settings_change_errors_swap_waiters_of_removed_model():
     b = arrive(s, "b")  # would evict the still-loading, now undefined a
     assert s.queued() == [b] and s.active_swaps() == {"a": []}
     complete(s, fx, "a")
-    assert fx.swaps[-1] == ("b", ["a"])
+    assert fx.swaps[-1] == ("b", ["a"]) and fx.stops == []
 
 
 def test_fifo_tick_does_nothing():

@@ -21,6 +21,7 @@ from scheduling.core.events import (
     Cancelled,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
@@ -39,8 +40,10 @@ MODELS = ("a", "b", "c", "p", "q")  # a b c: exclusive (default group); p q: co-
 LIMITS = {"a": 3, "b": 10, "c": 10, "p": 2, "q": 10}
 
 
-def _config(priorities: dict[str, int], drop: tuple[str, ...] = ()) -> SchedulerConfig:
-    models = {m: ModelConfig(concurrency_limit=LIMITS[m], fifo_priority=priorities.get(m, 0))
+def _config(priorities: dict[str, int], drop: tuple[str, ...] = (),
+            revisions: dict[str, str] | None = None) -> SchedulerConfig:
+    models = {m: ModelConfig(concurrency_limit=LIMITS[m], fifo_priority=priorities.get(m, 0),
+                             revision=(revisions or {}).get(m, ""))
               for m in MODELS if m not in drop}
     return make_config(models, groups=[PAIR])
 
@@ -49,6 +52,7 @@ CONFIGS = [
     _config({"c": 2}),
     _config({"a": 3, "p": 1, "q": -1}),  # new priorities: the queue re-sorts
     _config({"c": 2}, drop=("b", "q")),  # deleted: their queued/waiting requests get 404
+    _config({"c": 2}, revisions={"a": "v2", "p": "v2"}),  # changed: restart a and p when idle
 ]
 
 
@@ -103,6 +107,9 @@ class CheckedEffects(FakeEffects):
         super().grant_error(r, error)
 
     def stop_processes(self, models, handle) -> None:
+        if handle is None:  # the scheduler's own stop (a removed model): only when idle
+            for m in models:
+                assert self.open[m] == 0, f"stop of {m} with requests in flight"
         super().stop_processes(models, handle)
         self.unloads.append(tuple(models))
         for m in models:
@@ -169,7 +176,9 @@ class Harness:
             s.on_tick(Tick(self.now))
         elif kind == "unload":
             models = {MODELS[a % 5], MODELS[(a // 5) % 5]} if f1 else {MODELS[a % 5]}
-            s.on_unload(UnloadRequested(tuple(sorted(models)), self.now))
+            s.on_unload(UnloadRequested(tuple(sorted(models)), self.now, handle="explicit"))
+        elif kind == "restart":
+            s.on_restart(RestartRequested((MODELS[a % 5],), self.now))
         elif kind == "unload_done" and fx.unloads:
             s.on_unload_done(fx.unload_done(a % len(fx.unloads), self.now))
         elif kind == "settings":
@@ -233,7 +242,7 @@ class Harness:
 # An event kind, weighted by repetition (arrivals and completions are common, settings changes
 # and unloads rare), with random knobs that `Harness.step` interprets per kind.
 KINDS = (["arrive"] * 6 + ["swap_done"] * 4 + ["serve_done"] * 4 + ["cancel", "leave"] * 2
-         + ["tick", "unload", "unload_done", "unload_done", "settings", "settings"])
+         + ["tick", "unload", "unload_done", "unload_done", "settings", "settings", "restart"])
 OP = st.tuples(st.sampled_from(KINDS), st.integers(0, 60), st.integers(-2, 2), st.booleans(),
                st.booleans())
 
@@ -254,6 +263,7 @@ def test_fifo_random_events_keep_invariants_and_never_wedge(ops, shutdown_at):
 
     s, fx = h.s, h.fx
     assert s.queued() == [] and s.active_swaps() == {}
+    assert s.restart_pending() == frozenset(), "a restart was never carried out"
     for m in MODELS:
         assert s.reserved(m) == 0 and s.in_flight(m) == 0
     for r in h.requests:

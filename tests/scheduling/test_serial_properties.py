@@ -32,6 +32,7 @@ from scheduling.core.events import (
     Cancelled,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
@@ -85,7 +86,9 @@ class OrderChecked(CheckedEffects):
     # -- the specification, restated -------------------------------------------------------
     def view(self, exclude: str | None = None):
         active = {t: list(e) for t, e in self.outstanding.items() if t != exclude}
-        unl = self.unloading()
+        # A model waiting to be stopped or restarted once idle is held like an unloading one
+        # (the shell cannot see it, so the spec reads the scheduler's own list of them).
+        unl = self.unloading() | set(self.s._pending_stop)
         evicting = {m for e in active.values() for m in e}
         running = sorted({m for m, st in self.states.items() if st not in (STOPPED, FAILED)}
                          | active.keys())
@@ -175,8 +178,9 @@ class OrderChecked(CheckedEffects):
         return super().grant_serve(r, model)
 
     def start_swap(self, model: str, evict: list[str]) -> None:
-        first = self.s.active_swaps()[model][0]  # recorded before start_swap
-        self.check_order(first, ("swap", model, list(evict)), exclude=model)
+        if model not in evict:  # a restart (a swap evicting its own target) is not a pick
+            first = self.s.active_swaps()[model][0]  # recorded before start_swap
+            self.check_order(first, ("swap", model, list(evict)), exclude=model)
         super().start_swap(model, evict)
 
 
@@ -187,13 +191,16 @@ def make_configs(layout: str, parallel: tuple[int, ...], bonus: int, divisor: fl
     mcs = {m: ModelConfig(concurrency_limit=limits[i], parallel=parallel[i])
            for i, m in enumerate(models)}
 
-    def cfg(b: int, d: float, drop: tuple[str, ...] = ()) -> SchedulerConfig:
-        kept = {m: mc for m, mc in mcs.items() if m not in drop}
+    def cfg(b: int, d: float, drop: tuple[str, ...] = (),
+            changed: tuple[str, ...] = ()) -> SchedulerConfig:
+        kept = {m: replace(mc, revision="v2" if m in changed else "")
+                for m, mc in mcs.items() if m not in drop}
         return replace(make_config(kept, groups=groups), scheduler="serial",
                        swap_affinity_bonus=b, aging_divisor=d)
 
     return [cfg(bonus, divisor), cfg(0 if bonus else 50, divisor * 4),
-            cfg(bonus, divisor, drop=(models[1],))]
+            cfg(bonus, divisor, drop=(models[1],)),
+            cfg(bonus, divisor, changed=(models[0], models[2]))]
 
 
 class Harness:
@@ -237,11 +244,13 @@ class Harness:
             s.on_tick(Tick(self.now))
         elif kind == "unload":
             ms = {models[a % 4], models[(a // 4) % 4]} if f1 else {models[a % 4]}
-            s.on_unload(UnloadRequested(tuple(sorted(ms)), self.now))
+            s.on_unload(UnloadRequested(tuple(sorted(ms)), self.now, handle="explicit"))
         elif kind == "unload_done" and fx.unloads:
             s.on_unload_done(fx.unload_done(a % len(fx.unloads), self.now))
         elif kind == "settings":
-            s.on_settings_changed(SettingsChanged(self.configs[a % 3], self.now))
+            s.on_settings_changed(SettingsChanged(self.configs[a % 4], self.now))
+        elif kind == "restart":
+            s.on_restart(RestartRequested((models[a % 4],), self.now))
         elif kind == "shutdown":
             s.on_shutdown(Shutdown(self.now))
         self.check()
@@ -303,7 +312,7 @@ class Harness:
 
 
 KINDS = (["arrive"] * 7 + ["swap_done"] * 4 + ["serve_done"] * 5 + ["cancel", "leave"]
-         + ["tick", "tick", "unload", "unload_done", "unload_done", "settings"])
+         + ["tick", "tick", "unload", "unload_done", "unload_done", "settings", "restart"])
 OP = st.tuples(st.sampled_from(KINDS), st.integers(0, 60), st.integers(0, 30), st.booleans(),
                st.booleans(), st.integers(0, 6))
 PARAMS = dict(layout=st.sampled_from(sorted(LAYOUTS)),
@@ -328,6 +337,7 @@ def test_serial_random_workloads_keep_order_and_never_wedge(ops, shutdown_at, la
     h.settle()
     s, fx = h.s, h.fx
     assert s.queued() == [] and s.active_swaps() == {}
+    assert s.restart_pending() == frozenset(), "a restart was never carried out"
     for m in h.models:
         assert s.reserved(m) == 0 and s.in_flight(m) == 0
     for r in h.requests:
