@@ -57,6 +57,7 @@ class SchedulerSnapshot:
     in_flight: Mapping[str, int]
     clock_offset: float = 0.0
     scheduler: str = ""
+    restart_pending: frozenset[str] = frozenset()  # changed definitions, restarted when idle
 
 
 EMPTY = SchedulerSnapshot(waiting={b: (0, None) for b in BANDS}, stats=SchedulerStats(),
@@ -83,6 +84,15 @@ def publish_scheduler(snapshot: SchedulerSnapshot) -> None:
 
 def scheduler_snapshot() -> SchedulerSnapshot:
     return _published.scheduler
+
+
+def model_states() -> dict[str, str]:
+    """A copy of each model's last process state (any thread)."""
+    return dict(_published.model_states)
+
+
+def configured_models() -> tuple[str, ...]:
+    return _published.models
 
 
 def publish_perf_monitor(monitor: PerfMonitor | None) -> None:
@@ -153,6 +163,13 @@ class SchedulerCollector:
             for s in MODEL_STATES:
                 state.add_metric([model, s], 1 if s == current else 0)
         yield state
+        pending = GaugeMetricFamily(
+            "gpuproxy_model_restart_pending",
+            "1 while the model waits to restart (its definition changed, or an admin asked) "
+            "until its requests in flight finish.", labels=["model"])
+        for model in _published.models:
+            pending.add_metric([model], 1 if model in snap.restart_pending else 0)
+        yield pending
 
 
 class ActivityCollector:

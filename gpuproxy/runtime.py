@@ -60,34 +60,93 @@ class Runtime:
         self.run_loop = run_loop
         self.perf = perf
         self._watcher: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self._reload_wanted = asyncio.Event()
+
+    def request_reload(self) -> None:
+        """Re-read the definitions now: a save was committed (in this process, or announced
+        by PostgreSQL). Many calls in a row fold into one reload."""
+        self._reload_wanted.set()
 
     def start_watcher(self, every: float = RELOAD_SECONDS) -> None:
-        """Poll the database for definition changes made by another process (a re-import,
-        a shell) and apply them without a restart."""
+        """Apply definition changes without a restart: at once when told (`request_reload`,
+        fed by scheduling/signals.py and, on PostgreSQL, by LISTEN), and by a periodic check
+        of the tables' fingerprint for anything else (SQLite written by another process, a
+        notification lost while the database was away)."""
         if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(every),
-                                                                   name="catalog-watcher")
+            loop = asyncio.get_running_loop()
+            self._watcher = loop.create_task(self._watch(every), name="catalog-watcher")
+            from django.db import connections
+
+            if connections["default"].vendor == "postgresql":
+                self._listener = loop.create_task(self._listen(every), name="catalog-listener")
 
     async def _watch(self, every: float) -> None:
         from scheduling.catalog import fingerprint
 
         failing = False
+        owed = False  # told to reload, but the database was away: retry at the next turn
         while True:
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload_wanted.wait(), every)
+            told = self._reload_wanted.is_set() or owed
+            self._reload_wanted.clear()
             try:
-                stamp = await run_db(fingerprint)
-                if stamp != self.catalog.fingerprint:
-                    logger.info("model definitions changed in the database: applying them")
+                if told:
                     await self.reload()
+                else:
+                    stamp = await run_db(fingerprint)
+                    if stamp != self.catalog.fingerprint:
+                        logger.info("model definitions changed in the database: applying them")
+                        await self.reload()
+                owed = False
                 if failing:
                     logger.info("database reachable again: watching definitions")
                 failing = False
             except Exception as exc:
+                owed = owed or told
                 if not failing:
-                    logger.warning("cannot check the database for definition changes (%s); "
-                                   "the proxy keeps serving with what it has and retries",
-                                   exc)
+                    logger.warning("cannot read the definitions from the database (%s); the "
+                                   "proxy keeps serving with what it has and retries every "
+                                   "%g s", exc, every)
                 failing = True
+
+    async def _listen(self, every: float) -> None:
+        """LISTEN on PostgreSQL for `scheduling.signals.CHANNEL`, reconnecting with backoff.
+        A connection of its own, on the event loop (psycopg's async API): no thread."""
+        import psycopg
+        from django.db import connections
+
+        from scheduling.signals import CHANNEL
+
+        db = connections["default"].settings_dict
+        params = {"dbname": db["NAME"], "user": db["USER"] or None,
+                  "password": db["PASSWORD"] or None, "host": db["HOST"] or None,
+                  "port": db["PORT"] or None, "connect_timeout": 10, "autocommit": True}
+        delay, warned, listened = 1.0, False, False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    **{k: v for k, v in params.items() if v is not None})
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    if listened:  # saves made while we were not listening
+                        self.request_reload()
+                    if warned:
+                        logger.info("listening for definition changes again")
+                    listened, warned, delay = True, False, 1.0
+                    async for _ in conn.notifies():
+                        self.request_reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not warned:
+                    logger.warning("cannot LISTEN for definition changes on PostgreSQL (%s); "
+                                   "saves from other processes apply at the next periodic "
+                                   "check (every %g s) until it reconnects", exc, every)
+                    warned = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
     @property
     def catalog(self) -> Catalog:
@@ -95,17 +154,18 @@ class Runtime:
 
     async def reload(self) -> None:
         """Re-read the definitions and hand the scheduler its new configuration."""
-        catalog, removed = await self.upstreams.refresh()
+        catalog, _ = await self.upstreams.refresh()
+        # Removed, disabled and changed models are the scheduler's to stop or restart once
+        # idle: nothing in flight is cut off.
         self.run_loop.settings_changed(catalog.scheduler_config())
         self.perf.configure(catalog.performance_monitoring, catalog.performance_interval)
-        if removed:
-            await self.run_loop.unload(removed)
 
     async def shutdown(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for task in (self._watcher, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.perf.stop()
         metrics.publish_perf_monitor(None)
         await self.run_loop.shutdown()
