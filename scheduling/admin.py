@@ -1,35 +1,228 @@
-"""Admin for model definitions, groups, the settings singleton and API keys.
+"""Admin for model definitions, groups, the settings singleton and API keys: the pages that
+drive the running proxy.
 
-The live-apply machinery and the guarantees panel arrive with the admin issue; these pages
-already validate with the same `clean()` rules as `import_config`.
+Validation is the models' `clean()`, shared with `import_config`, so the admin refuses what an
+import refuses, in the same words. Saved changes reach the running proxy on commit (the
+scheduling signals); the model actions (load, unload, restart) act on the proxy that serves
+this admin, through `gpuproxy.control`, and never wait for a load to finish: one can take
+minutes, and an admin request must not hold a worker that long.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
+from gpuproxy import control
+from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+
+logger = logging.getLogger("gpuproxy.admin")
+
+#: how long an action waits for the proxy's answer: long enough to report a refusal the proxy
+#: gives at once (unknown model, a start that fails immediately), far shorter than a load.
+ACTION_WAIT_SECONDS = 0.2
+
+NOT_RUNNING = "the proxy is not running in this process"
+NOT_IN_CATALOG = ("not in the running proxy's definitions yet: a saved change reaches it "
+                  "within seconds")
+
+MODEL_LIVE_NOTE = (
+    "Saved changes apply to the running proxy at once: a changed model restarts as soon as it "
+    "is idle (a request in flight is never cut off), a new one can be requested right away, and "
+    "a disabled one stops when idle.")
+SETTINGS_LIVE_NOTE = (
+    "Saved changes apply to the running proxy at once: the waiting requests are re-ranked with "
+    "the new values, without a restart and without losing a request.")
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What the proxy in this process said about its models, read once per page."""
+
+    running: bool
+    models: dict[str, control.ModelLive] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls) -> LiveView:
+        if not control.running():
+            return cls(False)
+        return cls(True, control.live_models())
+
+
+def describe_live(obj: ModelDefinition, live: LiveView) -> str | SafeString:
+    """ "ready", "ready · 2 in flight", "ready · restart needed", "stopped", or a dash that
+    says (on hover) why nothing is known."""
+    if not live.running:
+        return format_html('<span title="{}">—</span>', NOT_RUNNING)
+    state = live.models.get(obj.model_id)
+    if state is None:
+        if not obj.enabled:
+            return "disabled"
+        return format_html('<span title="{}">—</span>', NOT_IN_CATALOG)
+    parts = [state.state]
+    if state.in_flight:
+        parts.append(f"{state.in_flight} in flight")
+    if state.restart_needed:
+        parts.append("restart needed")
+    return " · ".join(parts)
+
+
+def _request_live(request: HttpRequest) -> LiveView:
+    live = getattr(request, "_gpuproxy_live", None)
+    if live is None:
+        live = request._gpuproxy_live = LiveView.read()
+    return live
+
+
+def _failure(exc: BaseException) -> str:
+    """A SchedulingError carries its user-facing message; anything else is unexpected."""
+    message = getattr(exc, "message", None)
+    return message if isinstance(message, str) else f"{type(exc).__name__}: {exc}"
+
+
+def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
+    """The admin page has already answered by the time a slow load fails: the log keeps it."""
+
+    def done(future: concurrent.futures.Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("admin: %s failed: %s", what, _failure(future.exception()))
+
+    return done
 
 
 @admin.register(ModelDefinition)
 class ModelDefinitionAdmin(admin.ModelAdmin):
-    list_display = ("model_id", "name", "enabled", "group", "proxy", "ttl", "concurrency_limit",
-                    "parallel")
+    # "live_state" is replaced per request by a column that reads the proxy once per page
+    list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
+                    "concurrency_limit", "parallel")
     list_filter = ("enabled", "group")
     search_fields = ("model_id", "name", "description")
     list_select_related = ("group",)
+    readonly_fields = ("live_state",)
+    actions = ("load_models", "unload_models", "restart_models")
     fieldsets = (
-        (None, {"fields": ("model_id", "enabled", "name", "description", "group", "aliases",
-                           "unlisted")}),
-        ("Process", {"fields": ("cmd", "cmd_stop", "env", "proxy", "port", "check_endpoint",
-                                "ttl", "unload_timeout")}),
-        ("Requests", {"fields": ("concurrency_limit", "parallel", "use_model_name",
-                                 "strip_params", "set_params", "set_params_by_id",
-                                 "send_loading_state", "fifo_priority")}),
+        ("Identity", {"fields": ("model_id", "live_state", "enabled", "name", "description",
+                                 "aliases", "unlisted", "group")}),
+        ("Process", {
+            "fields": ("cmd", "cmd_stop", "env", "proxy", "port", "check_endpoint", "ttl",
+                       "unload_timeout"),
+            "description": "Editing cmd is running a program on this box, as the user the proxy "
+                           "runs as: only staff with the change permission can. After a save, "
+                           "the process restarts with the new definition as soon as it is "
+                           "idle."}),
+        ("Requests and scheduling", {"fields": ("concurrency_limit", "parallel",
+                                                "send_loading_state", "fifo_priority")}),
+        ("Filters", {"fields": ("use_model_name", "strip_params", "set_params",
+                                "set_params_by_id")}),
         ("Listing", {"fields": ("metadata", "capabilities"), "classes": ("collapse",)}),
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: ModelDefinition | None = None):
+        if obj is not None:
+            return self.fieldsets
+        # a model being added has no live state yet
+        return tuple((name, {**opts, "fields": tuple(f for f in opts["fields"]
+                                                     if f != "live_state")})
+                     for name, opts in self.fieldsets)
+
+    def get_list_display(self, request: HttpRequest):
+        @admin.display(description="live state")
+        def live_state(obj: ModelDefinition) -> str | SafeString:
+            return describe_live(obj, _request_live(request))
+
+        return tuple(live_state if name == "live_state" else name for name in self.list_display)
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        # one read of the proxy for the whole page, not one per row
+        request._gpuproxy_live = LiveView.read()
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="live state")
+    def live_state(self, obj: ModelDefinition | None) -> str | SafeString:
+        if obj is None or obj.pk is None:
+            return "—"
+        return describe_live(obj, LiveView.read())
+
+    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
+                           form_url="", obj=None):
+        context["live_note"] = MODEL_LIVE_NOTE
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    @admin.action(description="Load selected models", permissions=["change"])
+    def load_models(self, request: HttpRequest, queryset: QuerySet[ModelDefinition]) -> None:
+        ids = []
+        for obj in queryset.order_by("model_id"):
+            if obj.enabled:
+                ids.append(obj.model_id)
+            else:
+                messages.error(request, f"Model {obj.model_id} is disabled, so it cannot be "
+                                        "loaded: enable it and save first.")
+        if not ids:
+            return
+        try:
+            futures = {control.load(model_id): model_id for model_id in ids}
+        except control.ProxyNotRunning as exc:
+            messages.error(request, str(exc))
+            return
+        concurrent.futures.wait(futures, timeout=ACTION_WAIT_SECONDS)
+        started = []
+        for future, model_id in futures.items():
+            if not future.done():
+                future.add_done_callback(_log_late_failure(f"loading {model_id}"))
+                started.append(model_id)
+            elif future.exception() is not None:
+                messages.error(request, f"Model {model_id} could not be loaded: "
+                                        f"{_failure(future.exception())}")
+            else:
+                messages.success(request, f"Model {model_id} is ready.")
+        if started:
+            messages.info(request, f"Loading {', '.join(started)} started: it can take minutes; "
+                                   "the live state column shows when it is ready.")
+
+    @admin.action(description="Unload selected models", permissions=["change"])
+    def unload_models(self, request: HttpRequest, queryset: QuerySet[ModelDefinition]) -> None:
+        ids = list(queryset.order_by("model_id").values_list("model_id", flat=True))
+        self._act(request, lambda: control.unload(ids), f"unloading {', '.join(ids)}",
+                  done=f"Stopped {', '.join(ids)}.",
+                  pending=f"Stopping {', '.join(ids)}: each gets its unload timeout to exit "
+                          "cleanly; the live state column shows when it has.")
+
+    @admin.action(description="Restart selected models when idle", permissions=["change"])
+    def restart_models(self, request: HttpRequest, queryset: QuerySet[ModelDefinition]) -> None:
+        ids = list(queryset.order_by("model_id").values_list("model_id", flat=True))
+        message = (f"Restart requested for {', '.join(ids)}: a running model restarts as soon "
+                   "as it is idle (requests in flight finish first); a stopped one starts with "
+                   "its next request.")
+        self._act(request, lambda: control.restart(ids), f"restarting {', '.join(ids)}",
+                  done=message, pending=message)
+
+    def _act(self, request: HttpRequest, submit: Callable[[], concurrent.futures.Future],
+             what: str, *, done: str, pending: str) -> None:
+        try:
+            future = submit()
+        except control.ProxyNotRunning as exc:
+            messages.error(request, str(exc))
+            return
+        try:
+            future.result(timeout=ACTION_WAIT_SECONDS)
+        except concurrent.futures.TimeoutError:
+            future.add_done_callback(_log_late_failure(what))
+            messages.info(request, pending)
+        except Exception as exc:
+            logger.warning("admin: %s failed: %s", what, _failure(exc))
+            messages.error(request, f"Failed {what}: {_failure(exc)}")
+        else:
+            messages.success(request, done)
 
 
 class MemberInline(admin.TabularInline):
@@ -49,7 +242,23 @@ class ModelGroupAdmin(admin.ModelAdmin):
 
 @admin.register(ProxySettings)
 class ProxySettingsAdmin(admin.ModelAdmin):
-    """One change page: no add, no delete; the list redirects to the single row."""
+    """One change page: no add, no delete; the list redirects to the single row.
+
+    The page shows what the scheduler values guarantee (scheduling/guarantees.py), rendered
+    here and kept current as the admin types by scheduling/guarantees.js.
+    """
+
+    readonly_fields = ("version",)
+    fieldsets = (
+        ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus")}),
+        ("Models", {"fields": ("health_check_timeout", "global_ttl", "unload_timeout",
+                               "start_port", "send_loading_state", "preload")}),
+        ("Listing", {"fields": ("include_aliases_in_list",)}),
+        ("Performance monitoring", {"fields": ("performance_monitoring",
+                                               "performance_interval")}),
+        ("Version", {"fields": ("version",),
+                     "description": "Counts the saves; every save bumps it."}),
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -62,12 +271,26 @@ class ProxySettingsAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(
             reverse("admin:scheduling_proxysettings_change", args=[obj.pk]))
 
+    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
+                           form_url="", obj=None):
+        # the values being edited: what was typed when a POST is shown again with its errors,
+        # the saved ones otherwise
+        form = context["adminform"].form
+        context["guarantees"] = guarantees(
+            parse_number(str(form["aging_divisor"].value())),
+            parse_number(str(form["swap_affinity_bonus"].value())))
+        context["scheduler_value"] = form["scheduler"].value()
+        context["live_note"] = SETTINGS_LIVE_NOTE
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """The key is generated on creation, shown once in a message, and stored hashed."""
+    """The key is generated on creation, shown once in a message, and stored hashed: no page
+    can show it again, because nothing but its SHA-256 and first characters is kept."""
 
     list_display = ("name", "prefix", "created_at")
+    search_fields = ("name", "prefix")
     readonly_fields = ("prefix", "created_at")
     fields = ("name", "prefix", "created_at")
 

@@ -30,7 +30,10 @@ class ModelGroup(models.Model):
     Models in no group form one implicit swap+exclusive group: one model at a time.
     """
 
-    group_id = models.CharField("group id", max_length=MODEL_ID_MAX, unique=True)
+    group_id = models.CharField(
+        "group id", max_length=MODEL_ID_MAX, unique=True,
+        help_text="`groups.<id>`: the group's name. `(default)` is reserved for the models in "
+                  "no group.")
     swap = models.BooleanField(
         default=True, help_text="`swap`: only one member of this group runs at a time.")
     exclusive = models.BooleanField(
@@ -51,11 +54,15 @@ class ModelDefinition(models.Model):
     """llama-swap `models.<id>`: one upstream server and how requests reach it."""
 
     model_id = models.CharField("model id", max_length=MODEL_ID_MAX, unique=True,
-                                help_text="The id clients send in `model`.")
+                                help_text="`models.<id>`: the id clients send in `model`.")
     enabled = models.BooleanField(
-        default=True, help_text="A disabled model is unloaded when idle and answers 404.")
-    name = models.CharField(max_length=255, blank=True, help_text="`name`, for /v1/models.")
-    description = models.TextField(blank=True, help_text="`description`, for /v1/models.")
+        default=True,
+        help_text="`enabled` (gpuproxy): off keeps the definition but never loads the model: "
+                  "it is unloaded when idle and requests for it get 404.")
+    name = models.CharField(max_length=255, blank=True,
+                            help_text="`name`: a display name, shown in /v1/models.")
+    description = models.TextField(blank=True,
+                                   help_text="`description`: shown in /v1/models.")
     cmd = models.TextField(
         help_text="`cmd`: the command line, split like a shell would (never run by one). "
                   "Multi-line allowed; `#` lines are comments. `${PORT}` and `${MODEL_ID}` are "
@@ -65,10 +72,14 @@ class ModelDefinition(models.Model):
         help_text="`cmdStop`: graceful stop command, `${PID}` allowed; empty = SIGTERM to the "
                   "process group.")
     proxy = models.CharField(
-        max_length=500, help_text="`proxy`: the upstream's base URL, e.g. http://127.0.0.1:5800")
+        max_length=500,
+        help_text="`proxy`: the upstream server's base URL, where requests are sent, e.g. "
+                  "http://127.0.0.1:5800 (llama-swap's default is http://localhost:${PORT}).")
     port = models.PositiveIntegerField(
         null=True, blank=True,
-        help_text="The port `${PORT}` was given (allocated from start port by import).")
+        help_text="The port `${PORT}` stands for: allocated from `startPort` by import, "
+                  "written into cmd and proxy. Empty while cmd or proxy still says `${PORT}` "
+                  "= the proxy hands one out from `startPort`.")
     check_endpoint = models.CharField(
         max_length=500, default="/health",
         help_text="`checkEndpoint`: path that answers 200 when ready; `none` = ready at once.")
@@ -77,10 +88,14 @@ class ModelDefinition(models.Model):
     unload_timeout = models.IntegerField(
         default=0, help_text="`unloadTimeout`: seconds between SIGTERM and SIGKILL on unload; "
                              "0 = the global value.")
-    aliases = models.JSONField(default=list, blank=True,
-                               help_text="`aliases`: other names; unique across all models.")
-    env = models.JSONField(default=list, blank=True,
-                           help_text='`env`: list of "NAME=value" for the process.')
+    aliases = models.JSONField(
+        default=list, blank=True,
+        help_text='`aliases`: other names clients may send, a JSON list such as ["coder"]; '
+                  "each unique across all models and never another model's id.")
+    env = models.JSONField(
+        default=list, blank=True,
+        help_text='`env`: environment of the process, a JSON list of "NAME=value" strings, '
+                  'e.g. ["CUDA_VISIBLE_DEVICES=0"].')
     unlisted = models.BooleanField(
         default=False, help_text="`unlisted`: hidden from /v1/models, still requestable.")
     use_model_name = models.CharField(
@@ -90,19 +105,29 @@ class ModelDefinition(models.Model):
         default=0, help_text="`concurrencyLimit`: requests admitted at once (queued + served); "
                              f"0 = {DEFAULT_CONCURRENCY_LIMIT}; more get 429.")
     parallel = models.PositiveIntegerField(
-        default=1, help_text="How many requests the upstream serves at once (its slots, "
-                             "llama-server -np).")
+        default=1,
+        help_text="`parallel` (gpuproxy): requests the upstream serves at once (its slots, "
+                  "llama-server -np); the rest wait in the proxy, where priority orders them. "
+                  "At least 1.")
     strip_params = models.CharField(
         max_length=1000, blank=True,
-        help_text="`filters.stripParams`: comma list of JSON keys removed from requests.")
+        help_text="`filters.stripParams`: comma-separated request keys removed before the "
+                  "request is sent upstream, e.g. temperature, top_p (`model` is never removed).")
     set_params = models.JSONField(
-        default=dict, blank=True, help_text="`filters.setParams`: keys forced into requests.")
+        default=dict, blank=True,
+        help_text='`filters.setParams`: a JSON object of keys forced into every request, e.g. '
+                  '{"temperature": 0.2} (`model` is protected).')
     set_params_by_id = models.JSONField(
         default=dict, blank=True,
-        help_text="`filters.setParamsByID`: {requested id: params}; each key is also an alias.")
-    metadata = models.JSONField(default=dict, blank=True,
-                                help_text="`metadata`: shown under meta.llamaswap.")
-    capabilities = models.JSONField(default=dict, blank=True, help_text="`capabilities`.")
+        help_text="`filters.setParamsByID`: a JSON object {requested id: params}; a request "
+                  "for that id gets those params, and each id is also an alias of this model.")
+    metadata = models.JSONField(
+        default=dict, blank=True,
+        help_text="`metadata`: any JSON object, shown under meta.llamaswap in /v1/models.")
+    capabilities = models.JSONField(
+        default=dict, blank=True,
+        help_text="`capabilities`: what the model can do, a JSON object: `in`/`out` (text, "
+                  "audio, image), `tools`, `reranker`, `context`.")
     send_loading_state = models.BooleanField(
         null=True, blank=True,
         help_text="`sendLoadingState`: stream loading progress; empty = the global setting.")
@@ -111,7 +136,9 @@ class ModelDefinition(models.Model):
                              "first while queued (fifo scheduler).")
     group = models.ForeignKey(ModelGroup, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="members",
-                              help_text="Empty = the implicit one-at-a-time group.")
+                              help_text="`groups.<id>.members`: which group it runs in; "
+                                        "empty = the implicit (default) group, one model at a "
+                                        "time.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -213,37 +240,46 @@ class ProxySettings(models.Model):
 
     scheduler = models.CharField(
         max_length=16, choices=SCHEDULERS, default="serial",
-        help_text="`routing.scheduler.use`.")
+        help_text="`routing.scheduler.use`: serial (the default) orders requests by "
+                  "priority, swap affinity and aging; fifo is llama-swap's own scheduler.")
     aging_divisor = models.FloatField(
         default=60.0,
         help_text="`routing.scheduler.settings.serial.agingDivisor`: seconds of waiting per "
-                  "point of score; must be > 0.")
+                  "point of score, any number > 0 (0.5 is fine; default 60). Every time in "
+                  "the guarantees scales with it.")
     swap_affinity_bonus = models.PositiveIntegerField(
         default=10,
         help_text="`routing.scheduler.settings.serial.swapAffinityBonus`: score bonus for the "
-                  "loaded model, 0..99 so it never crosses a band.")
+                  "loaded model, saving swaps; 0..99 so it never lifts a request into the next "
+                  "band (default 10; 0 = strict arrival order within a band).")
     health_check_timeout = models.PositiveIntegerField(
-        default=120, help_text="`healthCheckTimeout`: seconds for a model to become ready "
+        default=120, help_text="`healthCheckTimeout`: seconds a starting model has to answer "
+                               "its check endpoint before the start fails "
                                f"(at least {MIN_HEALTH_CHECK_TIMEOUT}).")
     global_ttl = models.PositiveIntegerField(
-        default=0, help_text="`globalTTL`: default idle seconds before unload; 0 = never.")
+        default=0, help_text="`globalTTL`: idle seconds before unload for models whose ttl is "
+                             "-1; 0 = never.")
     unload_timeout = models.PositiveIntegerField(
-        default=10, help_text="`unloadTimeout`: seconds between SIGTERM and SIGKILL.")
+        default=10, help_text="`unloadTimeout`: seconds a stopping model gets between SIGTERM "
+                              "and SIGKILL, for models whose own unload timeout is 0.")
     start_port = models.PositiveIntegerField(
-        default=5800, help_text="`startPort`: first port handed out for `${PORT}`.")
+        default=5800, help_text="`startPort`: the first port import hands out for `${PORT}`, "
+                                "one per model in model-id order.")
     send_loading_state = models.BooleanField(
         default=False, help_text="`sendLoadingState`: stream loading progress to waiting "
                                  "chat clients.")
     include_aliases_in_list = models.BooleanField(
         default=False, help_text="`includeAliasesInList`: list aliases in /v1/models.")
     performance_monitoring = models.BooleanField(
-        default=True, help_text="Collect CPU/memory/GPU figures (`performance.disabled`).")
+        default=True, help_text="The opposite of `performance.disabled`: sample CPU, memory "
+                                "and GPU figures for /metrics; off leaves those series out.")
     performance_interval = models.FloatField(
         default=5.0, help_text="`performance.every`: seconds between performance samples "
-                               "(at least 1).")
+                               "(at least 1; each runs nvidia-smi or rocm-smi).")
     preload = models.JSONField(
         default=list, blank=True,
-        help_text="`hooks.on_startup.preload`: models loaded, in order, at start.")
+        help_text='`hooks.on_startup.preload`: model ids or aliases loaded, in order, when the '
+                  'proxy starts; a JSON list such as ["big-coder"].')
     version = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
@@ -303,7 +339,9 @@ class ApiKey(models.Model):
     """A client credential; only its SHA-256 is stored, the key is shown once at creation."""
 
     name = models.CharField(max_length=100, unique=True,
-                            help_text="Who uses this key; recorded in the activity log.")
+                            help_text="Who uses this key; recorded as the client in the "
+                                      "activity log. The key itself is generated on save and "
+                                      "shown once.")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=12, editable=False, blank=True,
                               help_text="The first characters, to recognise the key.")
