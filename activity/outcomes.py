@@ -12,6 +12,7 @@ REJECTED_QUEUE = "rejected_queue"
 QUEUE_TIMEOUT = "queue_timeout"
 CANCELLED_QUEUED = "cancelled_queued"
 CANCELLED_INFLIGHT = "cancelled_inflight"
+CANCELLED_BY_ADMIN = "cancelled_by_admin"
 START_FAILED = "start_failed"
 UPSTREAM_DIED = "upstream_died"
 BAD_REQUEST = "bad_request"
@@ -28,6 +29,7 @@ DESCRIPTIONS: dict[str, str] = {
     QUEUE_TIMEOUT: "waited in the queue longer than allowed and was answered with an error",
     CANCELLED_QUEUED: "the client left while waiting in the queue or on a model load",
     CANCELLED_INFLIGHT: "the client left while the upstream was answering (mid-stream)",
+    CANCELLED_BY_ADMIN: "an operator cancelled it from the dashboard while it was being served",
     START_FAILED: "the model's server could not be started (or never became ready)",
     UPSTREAM_DIED: "the model's server died or dropped the connection while answering",
     BAD_REQUEST: "the request was malformed (bad JSON, no model, body too large)",

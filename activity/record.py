@@ -26,7 +26,7 @@ def _wall(monotonic: float, anchor: tuple[float, float]) -> dt.datetime:
 
 
 class RequestRecord:
-    __slots__ = ("_anchor", "client", "dispatch", "dispatched", "error", "finished",
+    __slots__ = ("_anchor", "bytes_out", "client", "dispatch", "dispatched", "error", "finished",
                  "first_byte", "method", "model", "model_requested", "outcome", "path",
                  "priority", "received", "request_id", "scheduler", "status_code", "stream",
                  "swap_s", "usage", "user_agent")
@@ -54,6 +54,7 @@ class RequestRecord:
         self.outcome = ""
         self.error = ""
         self.usage: Any = None  # activity.usage.Usage once the response was parsed
+        self.bytes_out = 0  # response body bytes relayed so far (the dashboard shows it)
 
     def fail(self, status: int, outcome: str, error: str) -> None:
         self.status_code = status

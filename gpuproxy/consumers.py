@@ -30,7 +30,7 @@ from activity import outcomes
 from activity.record import RequestRecord
 from activity.usage import UsageParser
 from activity.writer import writer as activity_writer
-from gpuproxy import metrics, relay, runtime
+from gpuproxy import inflight, metrics, relay, runtime
 from gpuproxy.auth import WWW_AUTHENTICATE, key_name, presented_key
 from gpuproxy.inference import (
     FORM_PATHS,
@@ -84,6 +84,7 @@ class ProxyConsumer(AsyncHttpConsumer):
         self._responded = False
         self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
         self.rec: RequestRecord | None = None
+        self._cancelled_by_admin = False
 
     @cached_property
     def headers(self) -> dict[bytes, bytes]:
@@ -132,6 +133,9 @@ class ProxyConsumer(AsyncHttpConsumer):
         try:
             await self.route(body)
         except asyncio.CancelledError:
+            if self._cancelled_by_admin:
+                await self._end_cancelled_by_admin()
+                return
             rec = self.rec
             if rec is not None and not rec.outcome:
                 queued = rec.dispatched is None
@@ -149,6 +153,31 @@ class ProxyConsumer(AsyncHttpConsumer):
                     "server_error", "internal_error"))
         finally:
             self.submit_record()
+
+    def cancel_by_admin(self) -> None:
+        """The dashboard's cancel button: end this request as if the client had left, but
+        tell the client why."""
+        task = self._task
+        if task is not None and not task.done():
+            self._cancelled_by_admin = True
+            task.cancel()
+
+    async def _end_cancelled_by_admin(self) -> None:
+        message = "cancelled by an administrator of this gpuproxy"
+        rec = self.rec
+        if rec is not None:
+            rec.fail(503 if not self._responded else rec.status_code or 200,
+                     outcomes.CANCELLED_BY_ADMIN, message)
+        if not self._responded:
+            self._responded = True
+            await self.send_response(503, error_body(message, "server_error",
+                                                     "cancelled_by_admin"), headers=JSON)
+            return
+        if rec is not None and rec.stream:  # an SSE stream: say why before it ends
+            await self.send_body(b"data: " + error_body(message, "server_error",
+                                                        "cancelled_by_admin") + b"\n\n",
+                                 more_body=True)
+        await self.send_body(b"")
 
     def new_record(self) -> RequestRecord:
         client = self.scope.get("client") or ("", 0)
@@ -298,10 +327,13 @@ class ProxyConsumer(AsyncHttpConsumer):
             rec.dispatched = time.monotonic()
             rec.dispatch = grant.req.dispatch
             rec.swap_s = grant.swap_wait
+            inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
         try:
             await self.relay(rt, grant.model, upstream_path, body)
         finally:
             grant.release()
+            if rec is not None:
+                inflight.remove(rec)
 
     async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
                     body: bytes) -> None:
@@ -332,6 +364,8 @@ class ProxyConsumer(AsyncHttpConsumer):
                 if rec is not None and rec.first_byte is None:
                     rec.first_byte = time.monotonic()
                 parser.feed(chunk)
+                if rec is not None:
+                    rec.bytes_out += len(chunk)
                 await self.send_body(chunk, more_body=True)
             await self.send_body(b"")
             if rec is not None:

@@ -19,7 +19,7 @@ defined model), the three bands, the outcome set and the process states. Never r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuproxy.history import HISTORY
 from gpuproxy.perfmon import PerfCollector, PerfMonitor
 from scheduling.core.priority import BANDS
 from scheduling.core.stats import SchedulerStats
@@ -77,9 +78,24 @@ class _Published:
 _published = _Published()
 
 
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener` (on the event loop) whenever the scheduler or a model changed: the
+    dashboard's cue to refresh."""
+    _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in list(_listeners):
+        listener()
+
+
 def publish_scheduler(snapshot: SchedulerSnapshot) -> None:
     """Called by the run loop (its task only) after every event."""
     _published.scheduler = snapshot
+    _changed()
 
 
 def scheduler_snapshot() -> SchedulerSnapshot:
@@ -233,16 +249,19 @@ for _b in BANDS:
 
 def observe_dispatch(band: str, queue_wait: float) -> None:
     QUEUE_WAIT.labels(band).observe(queue_wait)
+    HISTORY.dispatch(band, queue_wait)
 
 
 def observe_swap(model: str, seconds: float) -> None:
     SWAPS.labels(model).inc()
     SWAP_DURATION.labels(model).observe(seconds)
+    HISTORY.swap()
 
 
 def observe_request(row: Mapping[str, Any]) -> None:
     """One finished activity row (activity/record.py's `row()`)."""
     model = row["model"]
+    HISTORY.request(row)
     REQUESTS.labels(model, row["band"], row["outcome"]).inc()
     if row["duration_ms"] is not None:
         REQUEST_DURATION.labels(model).observe(row["duration_ms"] / 1000)
@@ -266,6 +285,7 @@ def model_state_changed(model: str, state: str) -> None:
     elif state == "stopped" and previous == "ready":
         EXITS.labels(model).inc()
     states[model] = state
+    _changed()
 
 
 def models_configured(models: Iterable[str]) -> None:

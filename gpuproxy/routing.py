@@ -1,13 +1,18 @@
 """Which ASGI app answers which request.
 
 The OpenAI-compatible paths, `/v1/models` and `/upstream/...` go to `ProxyConsumer` with no
-Django middleware in the way; everything else (admin, the management API) is Django.
+Django middleware in the way; everything else (admin, the dashboard page, the management API)
+is Django. The one WebSocket, `/ws/dashboard`, needs the Django session (staff only) and an
+Origin of this host (checked by the consumer), so a page elsewhere cannot drive it with a
+staff member's cookie.
 """
 
+from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from django.urls import re_path
 
 from gpuproxy.consumers import ProxyConsumer
+from gpuproxy.dashboard import DashboardConsumer
 from gpuproxy.inference import INFERENCE_PATHS
 
 PROXY_PATTERN = "^(" + "|".join(sorted(
@@ -22,4 +27,7 @@ def build_application(django_asgi_app):
             re_path(PROXY_PATTERN, proxy),
             re_path(r"", django_asgi_app),
         ]),
+        "websocket": AuthMiddlewareStack(URLRouter([
+            re_path(r"^ws/dashboard$", DashboardConsumer.as_asgi()),
+        ])),
     })

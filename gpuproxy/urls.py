@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 from gpuproxy import views
 
 urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
     path("admin/", admin.site.urls),
     path("health", views.health),
     path("running", views.running),

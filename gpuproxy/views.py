@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import render
 
 from gpuproxy import runtime
 from gpuproxy.decorators import api_view, json_error
@@ -176,6 +178,13 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     body = await asyncio.to_thread(encoder, REGISTRY)
     return HttpResponse(body, content_type=content_type)
+
+
+@staff_member_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    """The live dashboard (staff only: the admin's login). Its data comes over the
+    WebSocket `/ws/dashboard` (gpuproxy/dashboard.py); the page itself is static."""
+    return render(request, "dashboard.html", {"ws_path": "/ws/dashboard"})
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

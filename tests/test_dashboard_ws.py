@@ -1,0 +1,169 @@
+"""`/ws/dashboard` in-process through the real ASGI application: who may connect, what the
+state says, the cancel button, and the throttle. The upstream is a real fake-server process,
+the database real PostgreSQL; the browser tests (tests/test_browser.py) drive the page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import ApplicationCommunicator, WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.test import Client
+
+from gpuproxy import dashboard, runtime
+from gpuproxy.asgi import application
+from scheduling.core.events import Tick
+from scheduling.importer import import_config
+from scheduling.llamaswap import parse_config
+from tests.conftest import FAKE, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+async def rt():
+    start = free_port()
+    parsed = parse_config(f"""
+startPort: {start}
+healthCheckTimeout: 15
+models:
+  alpha:
+    cmd: {FAKE}
+""", {})
+    await runtime.run_db(lambda: import_config(parsed))
+    r = await runtime.get()
+    r.port = start  # the upstream's port, for its gates
+    yield r
+    await runtime.shutdown()
+
+
+def _session_cookie(staff: bool) -> bytes:
+    user = User.objects.create_user("u-staff" if staff else "u-plain", password="pw",
+                                    is_staff=staff)
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def socket(staff: bool | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
+    if staff is not None:
+        headers.append((b"cookie", await sync_to_async(_session_cookie)(staff)))
+    return WebsocketCommunicator(application, "/ws/dashboard", headers=headers)
+
+
+async def next_state(ws: WebsocketCommunicator, within: float = 10) -> dict:
+    async with asyncio.timeout(within):
+        while True:
+            m = await ws.receive_json_from(within)
+            if m["type"] == "state":
+                return m["state"]
+
+
+async def state_where(ws: WebsocketCommunicator, predicate, within: float = 20) -> dict:
+    async with asyncio.timeout(within):
+        while True:
+            s = await next_state(ws, within)
+            if predicate(s):
+                return s
+
+
+def chat_request(gate: str) -> ApplicationCommunicator:
+    return ApplicationCommunicator(application, {
+        "type": "http", "http_version": "1.1", "method": "POST",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "scheme": "http",
+        "headers": [(b"content-type", b"application/json"), (b"x-fake-gate", gate.encode())],
+        "client": ("10.1.2.3", 50000), "server": ("127.0.0.1", 8080),
+    })
+
+
+@pytest.mark.parametrize("staff", [None, False])
+async def test_only_staff_may_connect(rt, staff):
+    ws = await socket(staff)
+    connected, code = await ws.connect()
+    assert not connected and code == 4403
+
+
+async def test_a_foreign_origin_is_refused(rt):
+    cookie = await sync_to_async(_session_cookie)(True)
+    ws = WebsocketCommunicator(application, "/ws/dashboard", headers=[
+        (b"origin", b"http://evil.example"), (b"host", b"localhost"), (b"cookie", cookie)])
+    connected, _ = await ws.connect()
+    assert not connected
+
+
+async def test_state_in_flight_and_the_cancel_button(rt):
+    ws = await socket(True)
+    connected, _ = await ws.connect()
+    assert connected
+    first = await next_state(ws)
+    assert [m["id"] for m in first["models"]] == ["alpha"]
+    assert first["models"][0]["state"] == "stopped"
+    assert [b["band"] for b in first["bands"]] == ["interactive", "normal", "batch"]
+    assert first["scheduler"]["kind"] == "serial"
+
+    http = chat_request("held")
+    await http.send_input({"type": "http.request", "more_body": False, "body": json.dumps(
+        {"model": "alpha", "max_tokens": 1, "messages": []}).encode()})
+    s = await state_where(ws, lambda s: s["in_flight"])
+    (entry,) = s["in_flight"]
+    assert (entry["model"], entry["client"], entry["band"]) == ("alpha", "10.1.2.3", "normal")
+    assert s["models"][0]["state"] == "ready" and s["models"][0]["in_flight"] == 1
+
+    await ws.send_json_to({"action": "cancel", "request_id": entry["id"]})
+    answer = await http.receive_output(10)
+    assert answer["status"] == 503
+    body = await http.receive_output(10)
+    assert json.loads(body["body"])["error"]["code"] == "cancelled_by_admin"
+    s = await state_where(ws, lambda s: not s["in_flight"] and s["recent"])
+    assert s["recent"][0]["outcome"] == "cancelled_by_admin"
+    assert s["models"][0]["in_flight"] == 0
+    # the upstream was told: its held request went away
+    r = await asyncio.to_thread(httpx.get, f"http://127.0.0.1:{rt.port}/slots")
+    assert not any(slot["is_processing"] for slot in r.json())
+    await ws.disconnect()
+
+
+async def test_load_action_and_its_result(rt):
+    ws = await socket(True)
+    await ws.connect()
+    await next_state(ws)
+    await ws.send_json_to({"action": "load", "model": "alpha"})
+    async with asyncio.timeout(30):
+        while (m := await ws.receive_json_from(30))["type"] != "result":
+            pass
+    assert m == {"type": "result", "action": "load", "target": "alpha", "ok": True,
+                 "message": "alpha is ready"}
+    await ws.send_json_to({"action": "unload", "model": "nope"})
+    async with asyncio.timeout(10):
+        while (m := await ws.receive_json_from(10))["type"] != "result":
+            pass
+    assert m["ok"] is False and m["message"] == "no such model"
+    await ws.disconnect()
+
+
+async def test_a_burst_of_events_is_throttled(rt):
+    """Hundreds of scheduler events in a burst: at most MAX_RATE states a second reach the
+    page (plus the one in progress), not one per event."""
+    ws = await socket(True)
+    await ws.connect()
+    await next_state(ws)
+    started = time.monotonic()
+    for _ in range(500):
+        rt.run_loop.post(Tick(rt.run_loop.now()))
+    states = 0
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(1.0):
+            while True:
+                if (await ws.receive_json_from(5))["type"] == "state":
+                    states += 1
+    elapsed = time.monotonic() - started
+    assert 1 <= states <= 1 + math.ceil(elapsed * dashboard.MAX_RATE)
+    await ws.disconnect()
