@@ -34,7 +34,14 @@ from scheduling.llamaswap import (
     format_go_duration,
     parse_config,
 )
-from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings, hash_key
+from scheduling.models import (
+    ApiKey,
+    ModelDefinition,
+    ModelGroup,
+    ProxySettings,
+    hash_key,
+    key_prefix,
+)
 
 # Model field -> where it lives in the YAML, for ConfigError paths.
 _MODEL_PATHS = {
@@ -250,7 +257,7 @@ class _Import:
         """sha256 -> (row name, prefix or None to keep the stored one), in file order."""
         keys: dict[str, tuple[str, str | None]] = {}
         for key in self.parsed.api_keys:
-            keys[hash_key(key)] = (api_key_name(key), key[:6])
+            keys[hash_key(key)] = (api_key_name(key), key_prefix(key))
         for entry in self.parsed.api_key_hashes:
             keys[entry.sha256] = (entry.name, entry.prefix)
         return keys

@@ -331,6 +331,13 @@ class ProxySettings(models.Model):
         return obj
 
 
+def key_prefix(key: str) -> str:
+    """What the admin shows of a key: enough to tell generated keys apart ("sk-gp-" and 4
+    random characters), never more than a third of it, so a short imported key is not shown
+    almost whole."""
+    return key[:min(10, len(key) // 3)]
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -358,7 +365,7 @@ class ApiKey(models.Model):
         if not key or any(c.isspace() for c in key):
             raise ValidationError("An API key must be non-empty and contain no spaces.")
         self.key_hash = hash_key(key)
-        self.prefix = key[:6]
+        self.prefix = key_prefix(key)
 
     @staticmethod
     def generate() -> str:

@@ -332,7 +332,7 @@ def test_a_new_key_is_shown_once_and_stored_hashed(client):
 
     row = ApiKey.objects.get(name="ci")
     assert row.key_hash == hashlib.sha256(key.encode()).hexdigest() != key
-    assert row.prefix == key[:6]
+    assert row.prefix == key[:10] and row.prefix.startswith("sk-gp-")
     stored = [str(v) for v in ApiKey.objects.filter(pk=row.pk).values().get().values()]
     assert not any(key in v for v in stored)
 
