@@ -271,6 +271,7 @@ def observe_request(row: Mapping[str, Any]) -> None:
         n = row[f"{kind}_tokens"]
         if n:
             TOKENS.labels(model, kind).inc(n)
+    _changed()  # the dashboard's Recent activity
 
 
 def model_state_changed(model: str, state: str) -> None:
