@@ -12,9 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import html
-import os
 import re
-import threading
 import time
 
 import httpx
@@ -29,6 +27,7 @@ from scheduling.catalog import build_catalog
 from scheduling.core.errors import ModelNotFound
 from scheduling.models import ApiKey, ModelDefinition, ProxySettings
 from tests.conftest import FAKE, free_port
+from tests.helpers import Chat, open_gate, process_gone, running, until
 
 SETTINGS_CHANGE = "admin:scheduling_proxysettings_change"
 MODEL_ADD = "admin:scheduling_modeldefinition_add"
@@ -417,28 +416,6 @@ def live_cell(h: httpx.Client, model: ModelDefinition) -> str:
     return re.search(r'<td class="field-live_state">(.*?)</td>', row.group(1)).group(1)
 
 
-def running(proxy) -> dict[str, dict]:
-    return {m["model"]: m for m in proxy.http.get("/running").json()["running"]}
-
-
-def until(what: str, predicate, within: float = 30.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"never happened within {within} s: {what}")
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.mark.django_db(transaction=True)
 def test_static_files_are_served_by_gpuproxy_serve(serve):
     proxy = serve(one_model(free_port()))
@@ -481,21 +458,6 @@ def test_the_settings_page_over_http_shows_the_panel_and_saves(serve):
     assert '<script src="/static/scheduling/guarantees.js" defer>' in text
 
 
-def hold_request(proxy, gate: str) -> tuple[threading.Thread, list[int]]:
-    """A chat request that the fake upstream holds until its gate opens."""
-    status: list[int] = []
-
-    def call() -> None:
-        with httpx.Client(base_url=proxy.base, trust_env=False, timeout=60) as c:
-            r = c.post("/v1/chat/completions", headers={"X-Fake-Gate": gate}, json={
-                "model": "solo", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
-        status.append(r.status_code)
-
-    t = threading.Thread(target=call, daemon=True)
-    t.start()
-    return t, status
-
-
 @pytest.mark.django_db(transaction=True)
 def test_restart_when_idle_waits_for_the_request_in_flight(serve):
     start = free_port()
@@ -505,7 +467,7 @@ def test_restart_when_idle_waits_for_the_request_in_flight(serve):
     assert proxy.http.post("/api/models/load/solo").status_code == 200
     old_pid = running(proxy)["solo"]["pid"]
 
-    caller, status = hold_request(proxy, "held")
+    caller = Chat(proxy.base, "solo", gate="held")
     until("the request in flight", lambda: proxy.http.get("/api/queue").json()["in_flight"]
           .get("solo") == 1)
     page = post_action(h, "restart_models", solo)
@@ -514,12 +476,9 @@ def test_restart_when_idle_waits_for_the_request_in_flight(serve):
                  lambda: live_cell(h, solo) == "ready · 1 in flight · restart needed")
     assert running(proxy)["solo"]["pid"] == old_pid  # the request in flight is not cut off
 
-    r = httpx.post(f"http://127.0.0.1:{start}/fake/gates/open", json={"gate": "held"},
-                   trust_env=False)
-    assert r.status_code == 200
-    caller.join(30)
-    assert status == [200]
-    until("the old process exits", lambda: pid_gone(old_pid))
+    open_gate(start, "held")
+    assert caller.answered().status_code == 200
+    until("the old process exits", lambda: process_gone(old_pid))
     until("solo is ready again in a new process",
           lambda: (running(proxy).get("solo", {}).get("state") == "ready"
                    and running(proxy)["solo"]["pid"] != old_pid))
@@ -537,5 +496,5 @@ def test_restart_of_an_idle_model_replaces_its_process(serve):
     until("a new process is ready",
           lambda: (running(proxy).get("solo", {}).get("state") == "ready"
                    and running(proxy)["solo"]["pid"] != old_pid))
-    assert pid_gone(old_pid)
+    assert process_gone(old_pid)
     assert until("the list says ready", lambda: live_cell(h, solo) == "ready")

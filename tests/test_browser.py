@@ -19,13 +19,10 @@ import os
 import re
 import shutil
 import signal
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
@@ -33,6 +30,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from scheduling.models import ProxySettings
 from tests.conftest import FAKE, Proxy, free_port
+from tests.helpers import Chat, open_gate, queue_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,52 +126,6 @@ def screenshot(page: Page, name: str, docs: bool = False, **kwargs: Any) -> None
         shutil.copyfile(path, DOCS_SCREENSHOTS / f"{name}.png")
 
 
-class Call(threading.Thread):
-    """One chat request in the background; `response` once it is answered."""
-
-    def __init__(self, proxy: Proxy, model: str, priority: str | None = None,
-                 gate: str | None = None) -> None:
-        super().__init__(daemon=True)
-        self.base, self.model = proxy.base, model
-        self.headers: dict[str, str] = {}
-        if priority is not None:
-            self.headers["X-LlamaSwap-Priority"] = priority
-        if gate is not None:
-            self.headers["X-Fake-Gate"] = gate
-        self.response: httpx.Response | None = None
-        self.start()
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.base, trust_env=False, timeout=60) as h:
-            self.response = h.post("/v1/chat/completions", headers=self.headers, json={
-                "model": self.model, "max_tokens": 4,
-                "messages": [{"role": "user", "content": "x"}]})
-
-    def answered(self) -> httpx.Response:
-        self.join(30)
-        assert self.response is not None, f"no answer for {self.model}"
-        return self.response
-
-
-def open_gate(port: int, gate: str) -> None:
-    r = httpx.post(f"http://127.0.0.1:{port}/fake/gates/open", json={"gate": gate},
-                   trust_env=False)
-    assert r.status_code == 200, r.text
-
-
-def until_queue(proxy: Proxy, what: str, predicate: Callable[[dict], bool],
-                within: float = 20.0) -> dict:
-    """Poll `GET /api/queue` (the proxy's own view) until `predicate` holds."""
-    deadline = time.monotonic() + within
-    while True:
-        q = proxy.http.get("/api/queue").json()
-        if predicate(q):
-            return q
-        if time.monotonic() > deadline:
-            pytest.fail(f"the queue never showed {what} within {within} s: {q}")
-        time.sleep(0.02)
-
-
 def queued(q: dict) -> list[tuple[str, int]]:
     return [(r["model"], r["priority"]) for r in q["queued"]]
 
@@ -196,12 +148,12 @@ def test_settings_refuse_120_apply_20_to_the_running_proxy_and_explain_as_you_ty
     # coder loaded and busy; then writer at priority 15 and coder at 0 wait. With the bonus
     # at 10, coder's score is 10 < 15: writer comes first. At 20 it is 20 > 15: coder first.
     assert proxy.http.post("/api/models/load/coder").status_code == 200
-    held = Call(proxy, "coder", gate="held")
-    until_queue(proxy, "coder in flight", lambda q: q["in_flight"].get("coder") == 1)
-    for_writer = Call(proxy, "writer", priority="15")
-    until_queue(proxy, "writer queued", lambda q: len(q["queued"]) == 1)
-    for_coder = Call(proxy, "coder", priority="0")
-    q = until_queue(proxy, "both queued", lambda q: len(q["queued"]) == 2)
+    held = Chat(proxy.base, "coder", gate="held")
+    queue_until(proxy, lambda q: q["in_flight"].get("coder") == 1)
+    for_writer = Chat(proxy.base, "writer", priority="15")
+    queue_until(proxy, lambda q: len(q["queued"]) == 1)
+    for_coder = Chat(proxy.base, "coder", priority="0")
+    q = queue_until(proxy, lambda q: len(q["queued"]) == 2)
     assert queued(q) == [("writer", 15), ("coder", 0)]
 
     page.goto(f"{proxy.base}/admin/scheduling/proxysettings/")
@@ -235,8 +187,7 @@ def test_settings_refuse_120_apply_20_to_the_running_proxy_and_explain_as_you_ty
     expect(page.locator("#id_swap_affinity_bonus")).to_have_value("20")
     saved = orm(ProxySettings.load)
     assert saved.swap_affinity_bonus == 20 and saved.version > before.version
-    until_queue(proxy, "coder ahead of writer at 20",
-                lambda q: queued(q) == [("coder", 0), ("writer", 15)])
+    queue_until(proxy, lambda q: queued(q) == [("coder", 0), ("writer", 15)])
     screenshot(page, "settings", docs=True)  # the saved message, the fields and the panel
 
     # the dashboard, over its WebSocket, says the same
@@ -250,7 +201,7 @@ def test_settings_refuse_120_apply_20_to_the_running_proxy_and_explain_as_you_ty
 
     open_gate(start, "held")
     assert [c.answered().status_code for c in (held, for_coder, for_writer)] == [200, 200, 200]
-    until_queue(proxy, "an empty queue", lambda q: not q["queued"] and not q["in_flight"])
+    queue_until(proxy, lambda q: not q["queued"] and not q["in_flight"])
 
 
 # ---- the dashboard -------------------------------------------------------------------------
@@ -280,8 +231,8 @@ def test_dashboard_load_queue_cancel_activity_and_logs_live(serve, browser):
                for m in proxy.http.get("/running").json()["running"])
 
     # some history for the charts and the activity table: a swap to writer and back
-    assert Call(proxy, "writer").answered().status_code == 200
-    assert Call(proxy, "coder", priority="interactive").answered().status_code == 200
+    assert Chat(proxy.base, "writer").answered().status_code == 200
+    assert Chat(proxy.base, "coder", priority="interactive").answered().status_code == 200
     expect(page.get_by_test_id("recent-row")).to_have_count(2)
 
     # Logs: the model's own output, then followed live
@@ -289,7 +240,7 @@ def test_dashboard_load_queue_cancel_activity_and_logs_live(serve, browser):
     expect(page.get_by_test_id("log-lines")).to_contain_text("fakellm: model coder loaded")
 
     # one request held in flight; Restart waits for it, and the row says so
-    held = Call(proxy, "coder", gate="held")
+    held = Chat(proxy.base, "coder", gate="held")
     inflight = page.locator("[data-testid=inflight-row][data-model=coder]")
     expect(inflight).to_have_count(1)
     expect(inflight.get_by_test_id("client")).to_have_text("127.0.0.1")
@@ -301,12 +252,12 @@ def test_dashboard_load_queue_cancel_activity_and_logs_live(serve, browser):
     expect(restart_needed).to_be_visible()
 
     # a batch request and a normal one for writer wait behind it
-    batch = Call(proxy, "coder", priority="batch")
+    batch = Chat(proxy.base, "coder", priority="batch")
     waiting = page.locator("[data-testid=band-batch] [data-testid=waiting-row][data-model=coder]")
     expect(waiting).to_have_count(1)
     expect(waiting.get_by_test_id("priority")).to_have_text("−100")
     expect(page.get_by_test_id("depth-batch")).to_have_text("1")
-    other = Call(proxy, "writer", priority="5")
+    other = Chat(proxy.base, "writer", priority="5")
     expect(page.locator("[data-testid=band-normal] [data-testid=waiting-row][data-model=writer]")
            ).to_have_count(1)
     expect(page.get_by_test_id("depth-normal")).to_have_text("1")
@@ -324,7 +275,7 @@ def test_dashboard_load_queue_cancel_activity_and_logs_live(serve, browser):
     expect(restart_needed).to_be_hidden()
 
     # Cancel: the client gets a 503 saying why, the row leaves, the activity says so
-    doomed = Call(proxy, "coder", gate="never")
+    doomed = Chat(proxy.base, "coder", gate="never")
     row = page.locator("[data-testid=inflight-row][data-model=coder]")
     expect(row).to_have_count(1)
     page.once("dialog", lambda dialog: dialog.accept())

@@ -13,8 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +20,7 @@ import pytest
 
 from scheduling.models import ModelDefinition, ProxySettings
 from tests.conftest import FAKE, Proxy, free_port
+from tests.helpers import Chat, open_gate, running, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,43 +43,8 @@ def config(start: int) -> str:
     """
 
 
-def until(what: str, predicate, within: float = 20.0):
-    """Poll the proxy's HTTP API until `predicate` holds (a change lands asynchronously)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"never happened within {within} s: {what}")
-
-
-def running(proxy: Proxy) -> dict[str, dict]:
-    return {m["model"]: m for m in proxy.http.get("/running").json()["running"]}
-
-
 def scheduler_of(proxy: Proxy) -> str:
     return proxy.http.get("/api/queue").json()["scheduler"]
-
-
-class Held(threading.Thread):
-    """A chat request the fake upstream holds until the test opens its gate."""
-
-    def __init__(self, proxy: Proxy, model: str, gate: str) -> None:
-        super().__init__(daemon=True)
-        self.proxy, self.model, self.gate = proxy, model, gate
-        self.status: int | None = None
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.proxy.base, trust_env=False, timeout=60) as h:
-            r = h.post("/v1/chat/completions", headers={"X-Fake-Gate": self.gate},
-                       json={"model": self.model, "max_tokens": 2, "messages": []})
-        self.status = r.status_code
-
-
-def open_gate(port: int, gate: str) -> None:
-    httpx.post(f"http://127.0.0.1:{port}/fake/gates/open", json={"gate": gate},
-               trust_env=False).raise_for_status()
 
 
 def test_a_settings_save_from_another_process_applies_at_once(serve):
@@ -113,8 +77,7 @@ def test_a_model_added_elsewhere_is_served_and_a_deleted_one_gets_404(serve):
 def test_a_changed_model_restarts_when_idle_never_cutting_off_work(serve):
     start = free_port()
     proxy = serve(config(start), extra_env=NO_POLLING)
-    held = Held(proxy, "solo", "g1")
-    held.start()
+    held = Chat(proxy.base, "solo", gate="g1", max_tokens=2)
     until("solo in flight", lambda: proxy.http.get("/api/queue").json()["in_flight"]
           .get("solo") == 1)
     old_pid = running(proxy)["solo"]["pid"]
@@ -127,8 +90,7 @@ def test_a_changed_model_restarts_when_idle_never_cutting_off_work(serve):
         proxy.http.get("/metrics").text))
     # while it waits, the running process keeps its request and its pid
     assert running(proxy)["solo"]["pid"] == old_pid
-    waiting = Held(proxy, "solo", "g2")  # arrives meanwhile: waits for the new process
-    waiting.start()
+    waiting = Chat(proxy.base, "solo", gate="g2")  # arrives meanwhile: waits for the new one
     until("the second request queued", lambda: len(
         proxy.http.get("/api/queue").json()["queued"]) == 1)
 
@@ -146,8 +108,7 @@ def test_a_changed_model_restarts_when_idle_never_cutting_off_work(serve):
 def test_disabling_a_model_lets_its_request_finish_then_stops_it(serve):
     start = free_port()
     proxy = serve(config(start), extra_env=NO_POLLING)
-    held = Held(proxy, "other", "g")
-    held.start()
+    held = Chat(proxy.base, "other", gate="g")
     until("other in flight", lambda: proxy.http.get("/api/queue").json()["in_flight"]
           .get("other") == 1)
     ModelDefinition.objects.filter(model_id="other").update(enabled=False)

@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from tests.conftest import free_port
+from tests.helpers import process_gone, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,18 +86,6 @@ def config(models: dict[str, Path], *, slow_port: int = 1, busy_port: int = 1) -
 def client(proxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.base + "/v1", api_key="unused", max_retries=0,
                          http_client=httpx.Client(trust_env=False, timeout=60))
-
-
-def running(proxy) -> dict[str, dict]:
-    return {m["model"]: m for m in proxy.http.get("/running").json()["running"]}
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_first_request_loads_the_model_and_the_proxy_waits_for_health(serve, tiny_models):

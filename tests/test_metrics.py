@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
-import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FAKE, free_port
+from tests.helpers import Chat, open_gate
+from tests.helpers import queue_until as wait_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,44 +59,6 @@ def scrape_until(proxy, predicate, within: float = 20.0) -> Scrape:
         time.sleep(0.02)
 
 
-def wait_queue(proxy, predicate, within: float = 20.0) -> dict:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        q = proxy.http.get("/api/queue").json()
-        if predicate(q):
-            return q
-        time.sleep(0.01)
-    pytest.fail(f"queue never matched: {q}")
-
-
-class Caller(threading.Thread):
-    """One chat request in the background. `order` records who finished first as seen by
-    the test's threads, which is racy for answers that follow each other closely; `served`
-    is the upstream's own count of the request (its `chatcmpl-fake-N` id), which is exact
-    for requests that one upstream process served."""
-
-    def __init__(self, base: str, name: str, model: str, priority: str | None,
-                 order: list[str], gate: str | None = None) -> None:
-        super().__init__(daemon=True)
-        self.base, self.name, self.model, self.order = base, name, model, order
-        self.headers = {}
-        if gate:
-            self.headers["X-Fake-Gate"] = gate
-        if priority is not None:
-            self.headers["X-LlamaSwap-Priority"] = priority
-        self.status: int | None = None
-        self.served = -1
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.base, trust_env=False, timeout=60) as h:
-            r = h.post("/v1/chat/completions", headers=self.headers, json={
-                "model": self.model, "max_tokens": 1,
-                "messages": [{"role": "user", "content": "x"}]})
-        self.status = r.status_code
-        self.served = int(r.json()["id"].rsplit("-", 1)[1]) if r.status_code == 200 else -1
-        self.order.append(self.name)
-
-
 def until_rows(n: int, within: float = 20.0) -> list:
     """The activity log's rows in dispatch order, once `n` are written (the writer batches)."""
     from activity.models import RequestLog
@@ -107,13 +69,6 @@ def until_rows(n: int, within: float = 20.0) -> list:
         if len(rows) >= n or time.monotonic() > deadline:
             return rows
         time.sleep(0.05)
-
-
-def open_gate(port: int, gate: str) -> None:
-    """Let the fake upstream on `port` answer the requests held on `gate`."""
-    r = httpx.post(f"http://127.0.0.1:{port}/fake/gates/open", json={"gate": gate},
-                   trust_env=False)
-    assert r.status_code == 200
 
 
 def one_model(start: int, extra: str = "") -> str:
@@ -137,18 +92,13 @@ def test_queue_depth_dispatches_and_oldest_wait_per_band(serve):
     assert s.get("gpuproxy_model_state", model="solo", state="stopped") == 1
     assert s.get("gpuproxy_model_state", model="solo", state="ready") == 0
 
-    order: list[str] = []
-    first = Caller(proxy.base, "first", "solo", None, order, gate="first")
-    first.start()
+    first = Chat(proxy.base, "solo", None, gate="first", name="first")
     wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
     batch_sent = time.monotonic()
-    batch = [Caller(proxy.base, f"batch{i}", "solo", "batch", order) for i in range(3)]
-    for c in batch:
-        c.start()
+    batch = [Chat(proxy.base, "solo", "batch", name=f"batch{i}") for i in range(3)]
     wait_queue(proxy, lambda q: len(q["queued"]) == 3)
     batch_seen = time.monotonic()
-    urgent = Caller(proxy.base, "urgent", "solo", "interactive", order)
-    urgent.start()
+    urgent = Chat(proxy.base, "solo", "interactive", name="urgent")
     wait_queue(proxy, lambda q: len(q["queued"]) == 4)
 
     before = time.monotonic()
@@ -210,15 +160,11 @@ def test_aging_that_changes_the_pick_is_counted(serve):
           serial:
             agingDivisor: 0.000001
     """))
-    order: list[str] = []
-    first = Caller(proxy.base, "first", "solo", None, order, gate="first")
-    first.start()
+    first = Chat(proxy.base, "solo", None, gate="first", name="first")
     wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
-    old = Caller(proxy.base, "old-batch", "solo", "batch", order)
-    old.start()
+    old = Chat(proxy.base, "solo", "batch", name="old-batch")
     wait_queue(proxy, lambda q: len(q["queued"]) == 1)
-    fresh = Caller(proxy.base, "fresh-normal", "solo", None, order)
-    fresh.start()
+    fresh = Chat(proxy.base, "solo", None, name="fresh-normal")
     wait_queue(proxy, lambda q: len(q["queued"]) == 2)
     assert scrape(proxy).get("gpuproxy_pick_changed_by_aging_total") == 0
     open_gate(start, "first")
@@ -254,15 +200,11 @@ def test_affinity_that_changes_the_pick_is_counted(serve):
           serial:
             swapAffinityBonus: 20
     """)
-    order: list[str] = []
-    first = Caller(proxy.base, "first", "a", None, order, gate="first")
-    first.start()
+    first = Chat(proxy.base, "a", None, gate="first", name="first")
     wait_queue(proxy, lambda q: q["in_flight"].get("a") == 1)
-    other = Caller(proxy.base, "b-5", "b", "5", order)
-    other.start()
+    other = Chat(proxy.base, "b", "5", name="b-5")
     wait_queue(proxy, lambda q: len(q["queued"]) == 1)
-    same = Caller(proxy.base, "a-0", "a", "0", order)
-    same.start()
+    same = Chat(proxy.base, "a", "0", name="a-0")
     wait_queue(proxy, lambda q: len(q["queued"]) == 2)
     open_gate(start, "first")  # `a` sorts first: it has the start port
     for c in (first, other, same):

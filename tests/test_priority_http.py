@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
 
 from tests.conftest import FAKE, free_port
+from tests.helpers import queue_until as wait_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,17 +60,6 @@ class Caller(threading.Thread):
         self.status = r.status_code
         with self.lock:
             self.finished.append(self.name)
-
-
-def wait_queue(proxy, predicate, within: float = 20.0) -> dict:
-    """Poll the advisory queue view until `predicate` holds (the suite's one allowed poll)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        q = proxy.http.get("/api/queue").json()
-        if predicate(q):
-            return q
-        time.sleep(0.02)
-    pytest.fail(f"queue never matched: {q}")
 
 
 def test_interactive_overtakes_queued_batch_under_serial(serve):
