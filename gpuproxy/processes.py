@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -32,6 +33,7 @@ from typing import Any
 import httpx
 
 from gpuproxy.logbuffer import LogBuffer, registry
+from gpuproxy.orphans import ProcessRecords, pdeathsig_argv
 from gpuproxy.spec import UpstreamSpec, split_command
 
 logger = logging.getLogger("gpuproxy.processes")
@@ -93,6 +95,17 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"code {code}"
+
+
+def _check_executable(program: str, path: str | None) -> None:
+    """Raise what exec would, before exec: the upstream starts through `setpriv`, whose own
+    failure to find the program would otherwise look like a server that exited at start."""
+    found = shutil.which(program, mode=os.F_OK, path=path) if os.sep not in program else (
+        program if os.path.exists(program) else None)
+    if found is None:
+        raise FileNotFoundError(program)
+    if not os.access(found, os.X_OK) or os.path.isdir(found):
+        raise PermissionError(program)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -191,11 +204,13 @@ class UpstreamProcess:
     """
 
     def __init__(self, spec: UpstreamSpec, log: LogBuffer | None = None,
-                 on_state: Callable[[str, State], None] | None = None) -> None:
+                 on_state: Callable[[str, State], None] | None = None,
+                 records: ProcessRecords | None = None) -> None:
         self._model_id = spec.model_id
         self._spec = spec  # written by update_spec; read by the owner at the next start
         self._log = log if log is not None else registry.get(spec.model_id)
         self._on_state = on_state
+        self._records = records  # process groups on disk, for the sweep after a crash
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Message] | None = None
         self._owner: asyncio.Task[None] | None = None
@@ -489,9 +504,12 @@ class UpstreamProcess:
             return
         cmd = shlex.join(argv)
         shown = _clip(cmd, 200)
+        env = {**os.environ, **spec.env}
         try:
+            _check_executable(argv[0], env.get("PATH"))
             proc = await asyncio.create_subprocess_exec(
-                *argv, env={**os.environ, **spec.env}, stdin=asyncio.subprocess.DEVNULL,
+                *pdeathsig_argv(argv), env=env,
+                stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True, limit=STREAM_LIMIT)
         except FileNotFoundError:
@@ -509,6 +527,8 @@ class UpstreamProcess:
             return
 
         run = self._run = _Run(gen=self._gen, spec=spec, cmd=cmd, proc=proc)
+        if self._records is not None:
+            self._records.add(spec.model_id, proc.pid, cmd)
         logger.info('model "%s" starting: pid %d, proxy %s, cmd %s', spec.model_id, proc.pid,
                     spec.proxy, shown)
         run.reader = self._spawn(self._pump_output(run), f"upstream {spec.model_id} output")
@@ -621,6 +641,11 @@ class UpstreamProcess:
         if run is None or run.gen != gen:
             return
         self._run = None
+        # Whatever the server started and left in its group (a wrapper script's children)
+        # goes with it: nothing may keep holding the GPU.
+        _signal_group(run.pid, signal.SIGKILL)
+        if self._records is not None:
+            self._records.remove(run.pid)
         self._cancel_ttl()
         if run.health is not None:
             run.health.cancel()

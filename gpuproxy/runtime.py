@@ -20,6 +20,7 @@ from django.db import close_old_connections
 
 from activity.writer import writer as activity_writer
 from gpuproxy import metrics, relay
+from gpuproxy.orphans import ProcessRecords
 from gpuproxy.perfmon import PerfMonitor
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
@@ -49,6 +50,13 @@ async def _load_catalog() -> Catalog:
     from scheduling.catalog import build_catalog
 
     return await run_db(build_catalog)
+
+
+def upstream_records() -> ProcessRecords:
+    """Where the running upstreams' process groups are written (swept after a crash)."""
+    from django.conf import settings
+
+    return ProcessRecords(settings.DATA_DIR / "upstreams")
 
 
 RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
@@ -194,7 +202,7 @@ async def get() -> Runtime:
     _runtime = None
     _starting = loop.create_future()
     try:
-        upstreams = Upstreams(_load_catalog)
+        upstreams = Upstreams(_load_catalog, records=upstream_records())
         catalog, _ = await upstreams.refresh()
         run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuproxy import metrics
 from gpuproxy.logbuffer import registry as log_registry
+from gpuproxy.orphans import ProcessRecords
 from gpuproxy.processes import State, UpstreamProcess
 from scheduling.catalog import Catalog
 
@@ -25,8 +26,10 @@ def _state_changed(model_id: str, state: State) -> None:
 
 
 class Upstreams:
-    def __init__(self, load_catalog: Callable[[], Awaitable[Catalog]]) -> None:
+    def __init__(self, load_catalog: Callable[[], Awaitable[Catalog]],
+                 records: ProcessRecords | None = None) -> None:
         self._load_catalog = load_catalog
+        self._records = records
         self.catalog = Catalog()
         self._processes: dict[str, UpstreamProcess] = {}
 
@@ -49,7 +52,8 @@ class Upstreams:
         if proc is None:
             spec = self.catalog.models[model_id].spec
             proc = self._processes[model_id] = UpstreamProcess(
-                spec, log_registry.get(model_id), on_state=_state_changed)
+                spec, log_registry.get(model_id), on_state=_state_changed,
+                records=self._records)
         return proc
 
     def running_ids(self) -> list[str]:

@@ -17,6 +17,8 @@ import daphne.server  # noqa: F401  isort:skip
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from gpuproxy.orphans import AlreadyServing, InstanceLock
+
 logger = logging.getLogger("gpuproxy.serve")
 
 
@@ -77,6 +79,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         host, port = parse_listen(options["listen"])
+        lock = self.lock_instance()
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         if options["config"]:
@@ -88,6 +91,11 @@ class Command(BaseCommand):
         from gpuproxy import runtime
         from gpuproxy.asgi import application
         from scheduling.models import ProxySettings
+
+        left = runtime.upstream_records().sweep()
+        if left:
+            logger.warning("stopped %d upstream(s) left running by an earlier crash: %s",
+                           len(left), ", ".join(left))
 
         preload_list = list(ProxySettings.load().preload)
         background: set[asyncio.Future] = set()
@@ -114,7 +122,27 @@ class Command(BaseCommand):
             application_close_timeout=10,
             verbosity=0,
         ).run()
+        lock.release()
         logger.info("gpuproxy stopped")
+
+    def lock_instance(self) -> InstanceLock:
+        """One proxy per data dir and per database: refuse to start beside another."""
+        from django.conf import settings
+        from django.db import connections
+
+        db = connections["default"].settings_dict
+        params = None
+        if connections["default"].vendor == "postgresql":
+            params = {k: v for k, v in {
+                "dbname": db["NAME"], "user": db["USER"] or None,
+                "password": db["PASSWORD"] or None, "host": db["HOST"] or None,
+                "port": db["PORT"] or None, "connect_timeout": 10}.items() if v is not None}
+        lock = InstanceLock(settings.DATA_DIR, params)
+        try:
+            lock.acquire()
+        except AlreadyServing as exc:
+            raise CommandError(str(exc)) from None
+        return lock
 
     def import_config(self, path: str) -> None:
         if not Path(path).is_file():

@@ -1,0 +1,88 @@
+"""No upstream outlives the proxy, even a SIGKILLed one, and one proxy per GPU box."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAKE, database_url, free_port, processes_matching
+from tests.helpers import process_gone, running, until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def one_model(start: int, cmd: str = FAKE) -> str:
+    return f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {cmd}
+    """
+
+
+def test_a_sigkilled_proxy_takes_its_upstream_with_it(serve):
+    proxy = serve(one_model(free_port()))
+    assert proxy.http.post("/api/models/load/solo").status_code == 200
+    pid = running(proxy)["solo"]["pid"]
+    proxy.proc.send_signal(signal.SIGKILL)
+    proxy.proc.wait(10)
+    until("the upstream died with its proxy", lambda: process_gone(pid), within=10)
+
+
+def test_the_next_start_stops_what_a_crash_left_behind(serve, tmp_path: Path):
+    """A wrapper script's child is out of the kernel's reach (the parent-death signal hits
+    only the wrapper); the next proxy on the same data dir finds its process group in the
+    records and stops it."""
+    start = free_port()
+    marker = f"orphan-marker-{start}"
+    wrapped = (f"sh -c '{sys.executable} -m gpuproxy.fakellm --port {start} "
+               f"--model {marker} & wait'")
+    proxy = serve(one_model(start, wrapped))
+    assert proxy.http.post("/api/models/load/solo").status_code == 200
+    [child] = [p for p in processes_matching(marker) if _argv0(p) == sys.executable]
+    [wrapper] = [p for p in processes_matching(marker) if p != child]
+    proxy.proc.send_signal(signal.SIGKILL)
+    proxy.proc.wait(10)
+    until("the wrapper died with the proxy", lambda: process_gone(wrapper), within=10)
+    assert not process_gone(child), "the grandchild should have survived the crash"
+
+    second = serve(one_model(start, wrapped))
+    until("the leftover is stopped", lambda: process_gone(child), within=20)
+    assert "left running by an earlier crash: solo" in second.output()
+
+
+def _argv0(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+
+
+def _second_serve(tmp_path: Path, data_dir: Path) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "second.yaml"
+    cfg.write_text(one_model(free_port()))
+    env = {**os.environ, "DATABASE_URL": database_url(), "GPUPROXY_DATA_DIR": str(data_dir)}
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
+         "--listen", f"127.0.0.1:{free_port()}"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+def test_a_second_proxy_on_the_same_data_dir_refuses_to_start(serve, tmp_path: Path):
+    first = serve(one_model(free_port()))
+    result = _second_serve(tmp_path, tmp_path / "data")
+    assert result.returncode != 0
+    assert f"another gpuproxy serve (pid {first.proc.pid}) is running on the data dir" \
+        in result.stderr
+    assert first.http.get("/health").status_code == 200  # the first is untouched
+
+
+def test_a_second_proxy_on_the_same_database_refuses_to_start(serve, tmp_path: Path):
+    first = serve(one_model(free_port()))
+    result = _second_serve(tmp_path, tmp_path / "other-data")
+    assert result.returncode != 0
+    assert "another gpuproxy serve is using the database" in result.stderr
+    assert first.http.get("/health").status_code == 200
