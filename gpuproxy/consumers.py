@@ -49,7 +49,7 @@ from scheduling.core.errors import (
     ShuttingDown,
     SwapFailed,
 )
-from scheduling.core.priority import parse_priority
+from scheduling.core.priority import parse_priority, service_tier_priority
 
 PRIORITY_HEADER = b"x-llamaswap-priority"
 
@@ -276,12 +276,23 @@ class ProxyConsumer(AsyncHttpConsumer):
             self.rec.stream = parsed.stream
         model_id = rt.catalog.resolve(parsed.model)
         meta = rt.catalog.models.get(model_id) if model_id else None
+        priority = self.priority(parsed.json_body)
         if meta is not None:
             body = apply_filters(parsed, requested=parsed.model,
                                  use_model_name=meta.use_model_name,
                                  strip_params=meta.strip_params, set_params=meta.set_params,
-                                 set_params_by_id=meta.set_params_by_id)
-        await self.forward(rt, model_id or parsed.model, upstream_path, body)
+                                 set_params_by_id=meta.set_params_by_id,
+                                 vllm_priority=priority if meta.vllm_priority else None)
+        await self.forward(rt, model_id or parsed.model, upstream_path, body, priority)
+
+    def priority(self, json_body: dict[str, Any] | None) -> int:
+        """The header's priority; without the header, OpenAI's `service_tier` in the body."""
+        header = self.headers.get(PRIORITY_HEADER)
+        if header is None and json_body is not None:
+            tier = service_tier_priority(json_body.get("service_tier"))
+            if tier is not None:
+                return tier
+        return parse_priority(header)
 
     async def upstream_passthrough(self, rt: runtime.Runtime, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""
@@ -310,9 +321,10 @@ class ProxyConsumer(AsyncHttpConsumer):
         await self.forward(rt, model_id, "/" + sub, body)
 
     async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
-                      body: bytes) -> None:
+                      body: bytes, priority: int | None = None) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives."""
-        priority = parse_priority(self.headers.get(PRIORITY_HEADER))
+        if priority is None:
+            priority = parse_priority(self.headers.get(PRIORITY_HEADER))
         rec = self.rec
         if rec is not None:
             rec.priority = priority

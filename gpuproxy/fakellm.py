@@ -219,6 +219,9 @@ class FakeLLM:
         #: `X-Fake-Gate: NAME` holds a response until `POST /fake/gates/open {"gate": NAME}`:
         #: a test decides when a request finishes, instead of guessing a hold time.
         self._gates: dict[str, asyncio.Event] = {}
+        #: The last JSON body a model endpoint received (`GET /fake/last-body`): tests check
+        #: what the proxy sent upstream (filters, forwarded priority).
+        self.last_body: dict[str, Any] | None = None
         self._header_tail = b""
 
     # ----------------------------------------------------------------- lifecycle
@@ -307,6 +310,7 @@ class FakeLLM:
             "/reranking": ("POST", self._rerank),
             "/v1/audio/transcriptions": ("POST", self._transcribe),
             "/fake/gates/open": ("POST", self._open_gate),
+            "/fake/last-body": ("GET", self._last_body),
         }
         # Routes whose body is not JSON (multipart uploads): the handler reads it raw.
         self._raw_body = {"/v1/audio/transcriptions"}
@@ -514,6 +518,8 @@ class FakeLLM:
                     raise HttpError(400, f"request body is not valid JSON: {exc}") from None
                 if not isinstance(body, dict):
                     raise HttpError(400, "request body must be a JSON object")
+                if not req.path.startswith("/fake/"):
+                    self.last_body = body
             await handler(req, body, reader, writer)
         except HttpError as exc:
             await self._send_error(
@@ -562,6 +568,16 @@ class FakeLLM:
                 raise ClientGone
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), POLL_SLICE)
+
+    async def _last_body(
+        self,
+        req: Request,
+        body: dict[str, Any] | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        await self._send_json(writer, 200, _dumps({"body": self.last_body}),
+                              keep_alive=req.keep_alive, http10=req.http10)
 
     async def _open_gate(
         self,

@@ -120,13 +120,19 @@ def replace_multipart_field(body: bytes, boundary: bytes, name: bytes, value: by
 
 def apply_filters(parsed: Parsed, *, requested: str, use_model_name: str,
                   strip_params: tuple[str, ...], set_params: dict[str, Any],
-                  set_params_by_id: dict[str, dict[str, Any]]) -> bytes:
-    """The body to send upstream: llama-swap's filters, `model` always protected."""
+                  set_params_by_id: dict[str, dict[str, Any]],
+                  vllm_priority: int | None = None) -> bytes:
+    """The body to send upstream: llama-swap's filters, `model` always protected; with
+    `vllm_priority`, our priority in vLLM's `priority` field (negated: vLLM serves lower
+    values first), unless the client set one itself."""
     by_id = set_params_by_id.get(requested) or {}
     if parsed.json_body is not None:
-        if not (use_model_name or strip_params or set_params or by_id):
+        add_priority = vllm_priority is not None and "priority" not in parsed.json_body
+        if not (use_model_name or strip_params or set_params or by_id or add_priority):
             return parsed.body
         data = dict(parsed.json_body)
+        if add_priority:
+            data["priority"] = -vllm_priority
         for key in strip_params:
             if key != "model":
                 data.pop(key, None)

@@ -36,6 +36,7 @@ class CatalogModel:
     metadata: dict[str, Any] = field(default_factory=dict)
     capabilities: dict[str, Any] = field(default_factory=dict)
     send_loading_state: bool = False
+    vllm_priority: bool = False  # forward the priority in vLLM's `priority` body field
     created: int = 0  # unix time of the definition's last change, for /v1/models
 
 
@@ -138,6 +139,7 @@ def build_catalog() -> Catalog:
             send_loading_state=(settings.send_loading_state if d.send_loading_state is None
                                 else d.send_loading_state),
             created=int(d.updated_at.timestamp()) if d.updated_at else 0,
+            vllm_priority=d.vllm_priority,
         )
         for alias in [*d.aliases, *(d.set_params_by_id or {})]:
             if alias != d.model_id:

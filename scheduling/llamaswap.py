@@ -120,6 +120,7 @@ class ParsedModel:
     send_loading_state: bool | None = None
     fifo_priority: int = 0
     enabled: bool = True
+    vllm_priority: bool = False
     group: str | None = None
 
 
@@ -569,7 +570,7 @@ _MODEL_UNSUPPORTED = {
 _MODEL_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "ttl", "unloadTimeout", "aliases", "env", "name",
     "description", "unlisted", "useModelName", "concurrencyLimit", "sendLoadingState", "filters",
-    "macros", "metadata", "capabilities", "parallel", "enabled"})
+    "macros", "metadata", "capabilities", "parallel", "enabled", "vllmPriority"})
 # Values that are always strings: macros are written into them as text, never with a type.
 _MODEL_TEXT_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "name", "description", "useModelName", "aliases",
@@ -974,6 +975,7 @@ class _Parser:
             send_loading_state=None if loading is None else self.boolean(
                 loading, at("sendLoadingState"), False),
             enabled=self.boolean(values.get("enabled"), at("enabled"), True),
+            vllm_priority=self.boolean(values.get("vllmPriority"), at("vllmPriority"), False),
         )
 
     def filters(self, value: Any, path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -131,6 +131,13 @@ class ModelDefinition(models.Model):
     send_loading_state = models.BooleanField(
         null=True, blank=True,
         help_text="`sendLoadingState`: stream loading progress; empty = the global setting.")
+    vllm_priority = models.BooleanField(
+        "vLLM priority", default=False,
+        help_text="`vllmPriority` (gpuproxy extension): the upstream is vLLM started with "
+                  "`--scheduling-policy priority`; each request's priority is forwarded in "
+                  "vLLM's `priority` body field (negated: lower is served first there) so the "
+                  "engine orders parallel work the way the scheduler does. A `priority` the "
+                  "client sent itself is kept.")
     fifo_priority = models.IntegerField(
         default=0, help_text="`routing.scheduler.settings.fifo.priority`: higher is served "
                              "first while queued (fifo scheduler).")

@@ -21,6 +21,10 @@ BANDS = ("interactive", "normal", "batch")  # highest first
 
 ALIASES = {"interactive": INTERACTIVE, "normal": NORMAL, "batch": BATCH}
 
+# OpenAI's `service_tier` body field, counted when the header is absent: clients built on the
+# OpenAI SDK can say "flex" (cheap, slow) or "priority" without knowing our header.
+SERVICE_TIERS = {"priority": INTERACTIVE, "flex": BATCH, "default": NORMAL, "auto": NORMAL}
+
 # A band boundary sits half way between the aliases.
 INTERACTIVE_FROM = 50  # priority >= this is interactive
 BATCH_UPTO = -50  # priority <= this is batch
@@ -70,3 +74,9 @@ def band(priority: int) -> str:
     if priority <= BATCH_UPTO:
         return "batch"
     return "normal"
+
+
+def service_tier_priority(value: object) -> int | None:
+    """The priority an OpenAI `service_tier` asks for; None for anything else (unknown tiers
+    and non-strings are ignored, never an error: the upstream may know tiers we do not)."""
+    return SERVICE_TIERS.get(value.lower()) if isinstance(value, str) else None
