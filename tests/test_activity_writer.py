@@ -121,14 +121,14 @@ async def test_rows_round_trip(make_writer):
 
 async def test_many_rows_few_batches(make_writer, monkeypatch):
     calls: list[int] = []
-    real = RequestLog.objects.none().__class__.bulk_create
-
-    def counting(self, objs, *a, **kw):
-        calls.append(len(objs))
-        return real(self, objs, *a, **kw)
-
-    monkeypatch.setattr(type(RequestLog.objects.none()), "bulk_create", counting)
     w = make_writer(batch_size=500, interval=0.05)
+    real = w._insert
+
+    def counting(conn, sql, params):
+        calls.append(len(params))
+        return real(conn, sql, params)
+
+    monkeypatch.setattr(w, "_insert", counting)
     w.start()
     for i in range(2000):
         w.submit(row(i))
