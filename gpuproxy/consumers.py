@@ -353,13 +353,27 @@ class ProxyConsumer(AsyncHttpConsumer):
         query = self.scope.get("query_string", b"")
         url = proc.spec.proxy.rstrip("/") + upstream_path + (
             "?" + query.decode("latin-1") if query else "")
+        meta = rt.catalog.models.get(model)
+        idle = meta.stream_idle_timeout if meta is not None else relay.READ_TIMEOUT
         client = relay.client()
         request = client.build_request(
             self.scope["method"], url,
-            headers=relay.request_headers(self.scope["headers"], len(body)), content=body)
+            headers=relay.request_headers(self.scope["headers"], len(body)), content=body,
+            timeout=relay.timeout(idle))
         started = time.monotonic()
         try:
             response = await client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                message, code = f"model {model!r} at {proc.spec.proxy} did not accept the " \
+                    f"connection: {exc!r}", "upstream_unreachable"
+            else:
+                message, code = f"model {model!r} sent nothing for {idle:g} s " \
+                    "(streamIdleTimeout); the request was ended", "upstream_timeout"
+            await self.send_json(502, error_body(message + f"; its log: GET /logs/stream/{model}",
+                                                 "upstream_error", code),
+                                 outcome=outcomes.UPSTREAM_DIED)
+            return
         except httpx.TransportError as exc:
             await self.send_json(502, error_body(
                 f"model {model!r} at {proc.spec.proxy} did not answer: {exc!r}; its log: "
@@ -386,13 +400,23 @@ class ProxyConsumer(AsyncHttpConsumer):
                     rec.outcome = outcomes.UPSTREAM_ERROR
                     rec.error = f"the upstream answered HTTP {response.status_code}"
         except httpx.TransportError as exc:
-            # Headers are out; the client sees the stream end. Honest termination is the
-            # hardening issue's job; here it is logged with the model and the time.
-            logger.warning("model %r: upstream stream broke after %.1f s: %r", model,
-                           time.monotonic() - started, exc)
+            # Headers are out: say so in the stream (never a clean end, never a [DONE] the
+            # upstream did not send), so a client cannot take half an answer for a whole.
+            if isinstance(exc, httpx.ReadTimeout):
+                message = (f"model {model!r} sent nothing for {idle:g} s mid-response "
+                           "(streamIdleTimeout); the response was cut")
+                code = "upstream_timeout"
+            else:
+                message = (f"model {model!r} died or dropped the connection mid-response "
+                           f"after {time.monotonic() - started:.1f} s ({exc!r}); its log: "
+                           f"GET /logs/stream/{model}")
+                code = "upstream_died"
+            logger.warning("%s", message)
             if rec is not None:
-                rec.fail(response.status_code, outcomes.UPSTREAM_DIED,
-                         f"upstream stream broke: {exc!r}")
+                rec.fail(response.status_code, outcomes.UPSTREAM_DIED, message)
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
+                                     + b"\n\n", more_body=True)
             await self.send_body(b"")
         finally:
             if rec is not None:

@@ -61,6 +61,11 @@ def client() -> httpx.AsyncClient:
     return _client
 
 
+def timeout(idle: float) -> httpx.Timeout:
+    """A request's timeouts with `idle` as the longest silence (first byte or mid-stream)."""
+    return httpx.Timeout(CONNECT_TIMEOUT, read=idle, write=60.0, pool=None)
+
+
 async def close() -> None:
     global _client, _client_loop
     if _client is not None and _client_loop is asyncio.get_running_loop():

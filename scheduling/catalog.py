@@ -37,6 +37,7 @@ class CatalogModel:
     capabilities: dict[str, Any] = field(default_factory=dict)
     send_loading_state: bool = False
     vllm_priority: bool = False  # forward the priority in vLLM's `priority` body field
+    stream_idle_timeout: float = 600.0  # seconds without a byte before the request is cut
     created: int = 0  # unix time of the definition's last change, for /v1/models
 
 
@@ -140,6 +141,7 @@ def build_catalog() -> Catalog:
                                 else d.send_loading_state),
             created=int(d.updated_at.timestamp()) if d.updated_at else 0,
             vllm_priority=d.vllm_priority,
+            stream_idle_timeout=float(d.stream_idle_timeout),
         )
         for alias in [*d.aliases, *(d.set_params_by_id or {})]:
             if alias != d.model_id:

@@ -50,7 +50,7 @@ _MODEL_PATHS = {
     "aliases": "aliases", "env": "env", "name": "name", "description": "description",
     "unlisted": "unlisted", "use_model_name": "useModelName",
     "concurrency_limit": "concurrencyLimit", "parallel": "parallel",
-    "vllm_priority": "vllmPriority",
+    "vllm_priority": "vllmPriority", "stream_idle_timeout": "streamIdleTimeout",
     "strip_params": "filters.stripParams", "set_params": "filters.setParams",
     "set_params_by_id": "filters.setParamsByID", "metadata": "metadata",
     "capabilities": "capabilities", "send_loading_state": "sendLoadingState",
@@ -296,7 +296,7 @@ def _model_values(m: ParsedModel) -> dict[str, Any]:
         "metadata": json.loads(json.dumps(m.metadata)),
         "capabilities": json.loads(json.dumps(m.capabilities)),
         "send_loading_state": m.send_loading_state, "fifo_priority": m.fifo_priority,
-        "vllm_priority": m.vllm_priority,
+        "vllm_priority": m.vllm_priority, "stream_idle_timeout": m.stream_idle_timeout,
     }
 
 
@@ -351,6 +351,7 @@ def _export_model(m: ModelDefinition) -> dict[str, Any]:
         ("sendLoadingState", m.send_loading_state, None),
         ("enabled", m.enabled, True),
         ("vllmPriority", m.vllm_priority, False),
+        ("streamIdleTimeout", m.stream_idle_timeout, 600),
         ("metadata", m.metadata, {}),
         ("capabilities", m.capabilities, {}),
     )

@@ -121,6 +121,7 @@ class ParsedModel:
     fifo_priority: int = 0
     enabled: bool = True
     vllm_priority: bool = False
+    stream_idle_timeout: int = 600
     group: str | None = None
 
 
@@ -570,7 +571,8 @@ _MODEL_UNSUPPORTED = {
 _MODEL_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "ttl", "unloadTimeout", "aliases", "env", "name",
     "description", "unlisted", "useModelName", "concurrencyLimit", "sendLoadingState", "filters",
-    "macros", "metadata", "capabilities", "parallel", "enabled", "vllmPriority"})
+    "macros", "metadata", "capabilities", "parallel", "enabled", "vllmPriority",
+    "streamIdleTimeout"})
 # Values that are always strings: macros are written into them as text, never with a type.
 _MODEL_TEXT_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "name", "description", "useModelName", "aliases",
@@ -976,6 +978,8 @@ class _Parser:
                 loading, at("sendLoadingState"), False),
             enabled=self.boolean(values.get("enabled"), at("enabled"), True),
             vllm_priority=self.boolean(values.get("vllmPriority"), at("vllmPriority"), False),
+            stream_idle_timeout=self.integer(values.get("streamIdleTimeout"),
+                                             at("streamIdleTimeout"), 600, minimum=1),
         )
 
     def filters(self, value: Any, path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:

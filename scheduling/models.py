@@ -131,6 +131,13 @@ class ModelDefinition(models.Model):
     send_loading_state = models.BooleanField(
         null=True, blank=True,
         help_text="`sendLoadingState`: stream loading progress; empty = the global setting.")
+    stream_idle_timeout = models.PositiveIntegerField(
+        default=600,
+        help_text="`streamIdleTimeout` (gpuproxy extension): seconds without a byte from the "
+                  "upstream, before the first token or mid-stream, after which the request "
+                  "ends with an error (outcome upstream_died) and its slot is freed. Generous "
+                  "by default: a long prompt on a slow GPU can take minutes to the first "
+                  "token.")
     vllm_priority = models.BooleanField(
         "vLLM priority", default=False,
         help_text="`vllmPriority` (gpuproxy extension): the upstream is vLLM started with "
