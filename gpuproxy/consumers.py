@@ -45,6 +45,8 @@ from scheduling.catalog import Catalog
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
+    QueueFull,
+    QueueTimeout,
     SchedulingError,
     ShuttingDown,
     SwapFailed,
@@ -52,6 +54,7 @@ from scheduling.core.errors import (
 from scheduling.core.priority import parse_priority, service_tier_priority
 
 PRIORITY_HEADER = b"x-llamaswap-priority"
+QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"
 
 logger = logging.getLogger("gpuproxy.proxy")
 
@@ -64,6 +67,8 @@ CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", for the
 _OUTCOME_OF = {
     ModelNotFound: outcomes.UNKNOWN_MODEL,
     ConcurrencyLimit: outcomes.REJECTED_CAPACITY,
+    QueueFull: outcomes.REJECTED_QUEUE,
+    QueueTimeout: outcomes.QUEUE_TIMEOUT,
     SwapFailed: outcomes.START_FAILED,
     ShuttingDown: outcomes.SHUTTING_DOWN,
 }
@@ -285,6 +290,20 @@ class ProxyConsumer(AsyncHttpConsumer):
                                  vllm_priority=priority if meta.vllm_priority else None)
         await self.forward(rt, model_id or parsed.model, upstream_path, body, priority)
 
+    def queue_deadline(self, rt: runtime.Runtime) -> float | None:
+        """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
+        else the `queue.timeout` setting (0: no deadline). A bad header value is ignored, as
+        a bad priority is: the request is still served."""
+        raw = self.headers.get(QUEUE_TIMEOUT_HEADER)
+        if raw is not None:
+            try:
+                seconds = float(raw)
+            except ValueError:
+                seconds = 0.0
+            if 0 < seconds < float("inf"):
+                return seconds
+        return rt.catalog.queue_timeout or None
+
     def priority(self, json_body: dict[str, Any] | None) -> int:
         """The header's priority; without the header, OpenAI's `service_tier` in the body."""
         header = self.headers.get(PRIORITY_HEADER)
@@ -331,7 +350,7 @@ class ProxyConsumer(AsyncHttpConsumer):
             rec.model = model if model in rt.catalog.models else ""
             rec.scheduler = rt.run_loop.scheduler.config.scheduler
         try:
-            grant = await rt.run_loop.acquire(model, priority)
+            grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt))
         except SchedulingError as exc:
             await self.send_error(exc)
             return

@@ -21,7 +21,7 @@ from gpuproxy.upstreams import Upstreams
 from scheduling.core import effects as fx
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import Scheduler
-from scheduling.core.errors import SchedulingError
+from scheduling.core.errors import QueueTimeout, SchedulingError
 from scheduling.core.events import (
     Cancelled,
     Event,
@@ -183,12 +183,21 @@ class RunLoop:
 
     # ---- the API for consumers and views --------------------------------------------------
 
-    async def acquire(self, model: str, priority: int = 0) -> Grant:
+    async def acquire(self, model: str, priority: int = 0,
+                      deadline: float | None = None) -> Grant:
         """Wait until the scheduler grants `model` (an id or an unknown name) to this caller.
 
-        Raises the SchedulingError the scheduler chose. Cancellation-safe: a caller that is
-        cancelled while waiting is withdrawn, and a grant that raced the cancel is released.
+        Raises the SchedulingError the scheduler chose, or QueueTimeout after `deadline`
+        seconds of waiting (the request is withdrawn like a client that left).
+        Cancellation-safe: a caller that is cancelled while waiting is withdrawn, and a grant
+        that raced the cancel is released.
         """
+        if deadline:
+            try:
+                async with asyncio.timeout(deadline):
+                    return await self.acquire(model, priority)
+            except TimeoutError:
+                raise QueueTimeout(model, deadline) from None
         loop = asyncio.get_running_loop()
         waiting = Waiting(loop.create_future())
         req = Request(next(self._seq), model, loop.time(), priority, waiting)

@@ -253,6 +253,10 @@ class ProxySettingsAdmin(admin.ModelAdmin):
         ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus")}),
         ("Models", {"fields": ("health_check_timeout", "global_ttl", "unload_timeout",
                                "start_port", "send_loading_state", "preload")}),
+        ("Queue", {"fields": ("max_waiting", "max_waiting_interactive", "max_waiting_normal",
+                              "max_waiting_batch", "queue_timeout"),
+                   "description": "Bounds on waiting requests: beyond a cap, 429 queue_full; "
+                                  "past its deadline, 503 queue_timeout."}),
         ("Listing", {"fields": ("include_aliases_in_list",)}),
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),

@@ -55,6 +55,9 @@ class Catalog:
     include_aliases_in_list: bool = False
     performance_monitoring: bool = True
     performance_interval: float = 5.0
+    max_waiting: int = 0
+    max_waiting_per_band: dict[str, int] = field(default_factory=dict)
+    queue_timeout: float = 0.0  # default queue deadline in seconds; 0 = none
     fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:
@@ -75,6 +78,8 @@ class Catalog:
             scheduler=self.scheduler,
             aging_divisor=self.aging_divisor,
             swap_affinity_bonus=self.swap_affinity_bonus,
+            max_waiting=self.max_waiting,
+            max_waiting_per_band=dict(self.max_waiting_per_band),
         )
 
 
@@ -165,5 +170,9 @@ def build_catalog() -> Catalog:
         include_aliases_in_list=settings.include_aliases_in_list,
         performance_monitoring=settings.performance_monitoring,
         performance_interval=settings.performance_interval,
+        max_waiting=settings.max_waiting,
+        max_waiting_per_band={b: n for b in ("interactive", "normal", "batch")
+                              if (n := getattr(settings, f"max_waiting_{b}"))},
+        queue_timeout=float(settings.queue_timeout),
         fingerprint=stamp,
     )

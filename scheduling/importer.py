@@ -64,6 +64,10 @@ _SETTINGS_PATHS = {
     "unload_timeout": "unloadTimeout", "start_port": "startPort",
     "send_loading_state": "sendLoadingState", "include_aliases_in_list": "includeAliasesInList",
     "performance_monitoring": "performance.disabled", "performance_interval": "performance.every",
+    "max_waiting": "queue.maxWaiting", "queue_timeout": "queue.timeout",
+    "max_waiting_interactive": "queue.maxWaitingPerBand.interactive",
+    "max_waiting_normal": "queue.maxWaitingPerBand.normal",
+    "max_waiting_batch": "queue.maxWaitingPerBand.batch",
     "preload": "hooks.on_startup.preload",
 }
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
@@ -204,6 +208,9 @@ class _Import:
             "include_aliases_in_list": s.include_aliases_in_list,
             "performance_monitoring": s.performance_monitoring,
             "performance_interval": s.performance_interval, "preload": list(s.preload),
+            "max_waiting": s.max_waiting, "queue_timeout": s.queue_timeout,
+            **{f"max_waiting_{b}": s.max_waiting_per_band.get(b, 0)
+               for b in ("interactive", "normal", "batch")},
         })
         _full_clean(row, "", _SETTINGS_PATHS)
         self.save(row, changed)
@@ -383,6 +390,7 @@ def export_config() -> dict[str, Any]:
         "includeAliasesInList": s.include_aliases_in_list,
         "performance": {"disabled": not s.performance_monitoring,
                         "every": format_go_duration(s.performance_interval)},
+        "queue": _export_queue(s),
         "models": {m.model_id: _export_model(m) for m in defs},
     }
     groups = list(ModelGroup.objects.order_by("group_id"))
@@ -411,3 +419,12 @@ def export_yaml() -> str:
               "# extensions (parallel, enabled, apiKeyHashes, the serial scheduler).\n"
               "# `gpuproxy import_config` of this file recreates the same database state.\n")
     return header + dump_yaml(export_config())
+
+
+def _export_queue(s: ProxySettings) -> dict[str, Any]:
+    out: dict[str, Any] = {"maxWaiting": s.max_waiting, "timeout": s.queue_timeout}
+    per_band = {b: n for b in ("interactive", "normal", "batch")
+                if (n := getattr(s, f"max_waiting_{b}"))}
+    if per_band:
+        out["maxWaitingPerBand"] = per_band
+    return out

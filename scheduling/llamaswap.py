@@ -87,6 +87,9 @@ class ParsedSettings:
     performance_monitoring: bool = True
     performance_interval: float = DEFAULT_PERFORMANCE_INTERVAL
     preload: tuple[str, ...] = ()
+    max_waiting: int = 20_000
+    max_waiting_per_band: dict[str, int] = field(default_factory=dict)
+    queue_timeout: int = 0
 
 
 @dataclass(frozen=True)
@@ -674,7 +677,7 @@ class _Parser:
         known_top = {"healthCheckTimeout", "startPort", "sendLoadingState",
                      "includeAliasesInList", "globalTTL", "unloadTimeout", "macros", "apiKeys",
                      "apiKeyHashes", "models", "groups", "routing", "hooks", "performance",
-                     "upstream", "selectors"}
+                     "upstream", "selectors", "queue"}
         for key in data:
             if key in _TOP_UNSUPPORTED:
                 self.warn(key, _TOP_UNSUPPORTED[key])
@@ -747,6 +750,15 @@ class _Parser:
                                                    "costs CPU")
         self.known_keys({k: None for k in performance if k not in ("disabled", "every")},
                         "performance", frozenset())
+        queue = self.mapping(data.get("queue"), "queue")
+        self.known_keys(queue, "queue", frozenset({"maxWaiting", "maxWaitingPerBand",
+                                                   "timeout"}))
+        per_band_raw = self.mapping(queue.get("maxWaitingPerBand"), "queue.maxWaitingPerBand")
+        self.known_keys(per_band_raw, "queue.maxWaitingPerBand",
+                        frozenset({"interactive", "normal", "batch"}))
+        per_band = {b: self.integer(per_band_raw.get(b), f"queue.maxWaitingPerBand.{b}", 0,
+                                    minimum=0)
+                    for b in ("interactive", "normal", "batch") if b in per_band_raw}
         return ParsedSettings(
             health_check_timeout=health,
             global_ttl=global_ttl,
@@ -758,6 +770,10 @@ class _Parser:
                                                  "includeAliasesInList", False),
             performance_monitoring=not disabled,
             performance_interval=interval,
+            max_waiting=self.integer(queue.get("maxWaiting"), "queue.maxWaiting", 20_000,
+                                     minimum=0),
+            max_waiting_per_band=per_band,
+            queue_timeout=self.integer(queue.get("timeout"), "queue.timeout", 0, minimum=0),
         )
 
     # macros ------------------------------------------------------------------------------

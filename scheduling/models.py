@@ -21,6 +21,7 @@ DEFAULT_CONCURRENCY_LIMIT = 10
 MIN_HEALTH_CHECK_TIMEOUT = 15
 MAX_SWAP_AFFINITY_BONUS = 99
 MIN_PERFORMANCE_INTERVAL = 1.0
+DEFAULT_MAX_WAITING = 20_000
 _ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -294,6 +295,23 @@ class ProxySettings(models.Model):
         default=list, blank=True,
         help_text='`hooks.on_startup.preload`: model ids or aliases loaded, in order, when the '
                   'proxy starts; a JSON list such as ["big-coder"].')
+    max_waiting = models.PositiveIntegerField(
+        default=DEFAULT_MAX_WAITING,
+        help_text="`queue.maxWaiting` (gpuproxy): requests that may wait at once (queued or "
+                  "behind a model load), all bands together; beyond it, 429 queue_full. "
+                  "0 = no cap. The default lets a batch of 10,000 queue on an idle box.")
+    max_waiting_interactive = models.PositiveIntegerField(
+        default=0, help_text="`queue.maxWaitingPerBand.interactive`: 0 = no band cap.")
+    max_waiting_normal = models.PositiveIntegerField(
+        default=0, help_text="`queue.maxWaitingPerBand.normal`: 0 = no band cap.")
+    max_waiting_batch = models.PositiveIntegerField(
+        default=0, help_text="`queue.maxWaitingPerBand.batch`: 0 = no band cap; e.g. keep "
+                             "batch from filling the whole queue.")
+    queue_timeout = models.PositiveIntegerField(
+        default=0,
+        help_text="`queue.timeout` (gpuproxy): seconds a request may wait before it is "
+                  "answered 503 queue_timeout, unless it sends its own "
+                  "X-LlamaSwap-Queue-Timeout. 0 = wait as long as it takes.")
     version = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:

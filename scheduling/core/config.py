@@ -26,3 +26,6 @@ class SchedulerConfig:
     scheduler: str = "fifo"  # "fifo" | "serial"
     aging_divisor: float = 60.0  # serial: seconds of waiting per point of score
     swap_affinity_bonus: int = 10  # serial: bonus for the loaded model, 0..99
+    # Caps on requests admitted and not yet dispatched; 0 or absent = no cap.
+    max_waiting: int = 0
+    max_waiting_per_band: dict[str, int] = field(default_factory=dict)

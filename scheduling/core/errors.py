@@ -46,6 +46,40 @@ class ConcurrencyLimit(SchedulingError):
         return {"Retry-After": "1"}
 
 
+class QueueFull(SchedulingError):
+    """The wait queue (or the request's band of it) is at its cap: refused before waiting,
+    so a flood cannot grow the queue without bound."""
+
+    status = 429
+    code = "queue_full"
+    type = "rate_limit_error"
+
+    def __init__(self, scope: str, limit: int) -> None:
+        super().__init__(f"Too many requests waiting: {scope} already holds {limit} "
+                         "(queue.maxWaiting); retry later")
+        self.scope = scope
+        self.limit = limit
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
+class QueueTimeout(SchedulingError):
+    """The request waited longer than its queue deadline (X-LlamaSwap-Queue-Timeout, or the
+    `queue.timeout` default) without being dispatched."""
+
+    status = 503
+    code = "queue_timeout"
+    type = "server_error"
+
+    def __init__(self, model: str, seconds: float) -> None:
+        super().__init__(f"model {model!r} could not be served within the queue deadline of "
+                         f"{seconds:g} s; retry later or allow a longer wait "
+                         "(X-LlamaSwap-Queue-Timeout)")
+        self.model = model
+        self.seconds = seconds
+
+
 class SwapFailed(SchedulingError):
     status = 502
     code = "start_failed"

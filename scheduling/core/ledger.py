@@ -14,6 +14,7 @@ from scheduling.core.effects import READY, STARTING, Effects
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
+    QueueFull,
     SchedulingError,
     ShuttingDown,
 )
@@ -126,7 +127,9 @@ class Ledger:
         """Admission, the same for every policy. In order: an unknown model →
         ModelNotFound (404), nothing reserved; after shutdown → ShuttingDown (503); the model
         already holds `concurrency_limit` slots (queued + waiting + serving) →
-        ConcurrencyLimit (429, Retry-After: 1); otherwise reserve a slot and return True."""
+        ConcurrencyLimit (429, Retry-After: 1); the queue, or the request's band of it, already
+        holds its cap of waiting requests → QueueFull (429, Retry-After: 5); otherwise
+        reserve a slot and return True."""
         if req in self._holders or req in self._serving:
             raise InvariantViolation(f"request seq={req.seq} arrived twice")
         mc = self._config.models.get(req.model)
@@ -139,6 +142,15 @@ class Ledger:
         limit = limit_of(mc)
         if self.reserved(req.model) >= limit:
             self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
+            return False
+        cap = self._config.max_waiting
+        if cap > 0 and sum(self._wait_count.values()) >= cap:
+            self._fx.grant_error(req, QueueFull("the queue", cap))
+            return False
+        b = band(req.priority)
+        cap = self._config.max_waiting_per_band.get(b, 0)
+        if cap > 0 and self._wait_count[b] >= cap:
+            self._fx.grant_error(req, QueueFull(f"the {b} band", cap))
             return False
         self._reserve(req)
         return True
