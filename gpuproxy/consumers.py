@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from functools import cached_property
@@ -41,6 +42,7 @@ from gpuproxy.inference import (
     parse,
 )
 from gpuproxy.processes import State
+from gpuproxy.run_loop import Waiting
 from scheduling.catalog import Catalog
 from scheduling.core.errors import (
     ConcurrencyLimit,
@@ -51,9 +53,11 @@ from scheduling.core.errors import (
     ShuttingDown,
     SwapFailed,
 )
-from scheduling.core.priority import parse_priority, service_tier_priority
+from scheduling.core.priority import band, parse_priority, service_tier_priority
 
 PRIORITY_HEADER = b"x-llamaswap-priority"
+# Seconds between "still waiting" signs on a waiting stream.
+KEEPALIVE = float(os.environ.get("GPUPROXY_STREAM_KEEPALIVE_SECONDS", "15"))
 QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"
 
 logger = logging.getLogger("gpuproxy.proxy")
@@ -72,6 +76,15 @@ _OUTCOME_OF = {
     SwapFailed: outcomes.START_FAILED,
     ShuttingDown: outcomes.SHUTTING_DOWN,
 }
+
+
+def _reasoning_chunk(model: str, text: str) -> dict[str, Any]:
+    """An OpenAI chat chunk carrying `text` as reasoning, llama-swap's loading-state shape:
+    clients show it as the model "thinking" and ignore it otherwise."""
+    return {"id": "chatcmpl-gpuproxy-wait", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": {"reasoning_content": text},
+                         "finish_reason": None}]}
 
 
 def error_body(message: str, type_: str, code: str | None) -> bytes:
@@ -288,7 +301,10 @@ class ProxyConsumer(AsyncHttpConsumer):
                                  strip_params=meta.strip_params, set_params=meta.set_params,
                                  set_params_by_id=meta.set_params_by_id,
                                  vllm_priority=priority if meta.vllm_priority else None)
-        await self.forward(rt, model_id or parsed.model, upstream_path, body, priority)
+        waits_visibly = parsed.stream and upstream_path == "/v1/chat/completions"
+        await self.forward(rt, model_id or parsed.model, upstream_path, body, priority,
+                           progress=waits_visibly,
+                           loading_state=bool(meta and meta.send_loading_state))
 
     def queue_deadline(self, rt: runtime.Runtime) -> float | None:
         """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
@@ -340,8 +356,15 @@ class ProxyConsumer(AsyncHttpConsumer):
         await self.forward(rt, model_id, "/" + sub, body)
 
     async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
-                      body: bytes, priority: int | None = None) -> None:
-        """Wait for the grant, then relay the upstream's answer as it arrives."""
+                      body: bytes, priority: int | None = None, *, progress: bool = False,
+                      loading_state: bool = False) -> None:
+        """Wait for the grant, then relay the upstream's answer as it arrives.
+
+        With `progress` (a streaming chat request), a request the scheduler makes wait gets
+        its 200 and an SSE stream at once: with `loading_state`, chunks whose
+        `delta.reasoning_content` says what it waits for (a model load, its place in the
+        queue); otherwise a comment every KEEPALIVE seconds, so that idle-timeout proxies
+        and clients do not cut a long wait. Rejections come before it, as JSON."""
         if priority is None:
             priority = parse_priority(self.headers.get(PRIORITY_HEADER))
         rec = self.rec
@@ -349,10 +372,29 @@ class ProxyConsumer(AsyncHttpConsumer):
             rec.priority = priority
             rec.model = model if model in rt.catalog.models else ""
             rec.scheduler = rt.run_loop.scheduler.config.scheduler
+        reporter: asyncio.Task | None = None
+
+        def watch(waiting: Waiting) -> None:
+            nonlocal reporter
+            if progress:
+                reporter = asyncio.get_running_loop().create_task(
+                    self.report_wait(waiting, model, priority, loading_state))
+
         try:
-            grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt))
+            try:
+                grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt),
+                                                  watch=watch)
+            finally:
+                if reporter is not None:
+                    reporter.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reporter
         except SchedulingError as exc:
-            await self.send_error(exc)
+            if self._responded:  # the wait was already streaming: end it with the error
+                await self.stream_error(exc.message, exc.code, exc.status,
+                                        _OUTCOME_OF.get(type(exc), outcomes.UPSTREAM_ERROR))
+            else:
+                await self.send_error(exc)
             return
         if rec is not None:
             rec.dispatched = time.monotonic()
@@ -365,6 +407,44 @@ class ProxyConsumer(AsyncHttpConsumer):
             grant.release()
             if rec is not None:
                 inflight.remove(rec)
+
+    async def report_wait(self, waiting: Waiting, model: str, priority: int,
+                          loading_state: bool) -> None:
+        """Tell a waiting streaming client that it waits (see `forward`)."""
+        await waiting.waits.wait()
+        if not loading_state:
+            await asyncio.sleep(KEEPALIVE)
+        await self.start_stream()
+        told = ""
+        while True:
+            if loading_state:
+                text = (f"waiting in the {band(priority)} band: position {waiting.position}\n"
+                        if waiting.position else f"loading model {model}…\n")
+                if text != told:
+                    told = text
+                    await self.send_body(b"data: " + json.dumps(_reasoning_chunk(
+                        model, text)).encode() + b"\n\n", more_body=True)
+            else:
+                await self.send_body(b": waiting for the model\n\n", more_body=True)
+            waiting.position_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting.position_changed.wait(), KEEPALIVE)
+
+    async def start_stream(self) -> None:
+        self._responded = True
+        await self.send_headers(status=200, headers=[
+            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")])
+
+    async def stream_error(self, message: str, code: str | None, status: int,
+                           outcome: str) -> None:
+        """An error after the stream's 200 went out: an OpenAI-style `error` event, then
+        the end (never a `[DONE]`)."""
+        if self.rec is not None:
+            self.rec.fail(status, outcome, message)
+        await self.send_body(b"data: " + error_body(message, "upstream_error", code)
+                             + b"\n\n", more_body=True)
+        await self.send_body(b"")
 
     async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
                     body: bytes) -> None:
@@ -383,6 +463,10 @@ class ProxyConsumer(AsyncHttpConsumer):
         try:
             response = await client.send(request, stream=True)
         except httpx.TimeoutException as exc:
+            if self._responded:  # a reported wait: the client already has its 200
+                await self.stream_error(f"model {model!r} did not answer: {exc!r}",
+                                        "upstream_timeout", 502, outcomes.UPSTREAM_DIED)
+                return
             if isinstance(exc, httpx.ConnectTimeout):
                 message, code = f"model {model!r} at {proc.spec.proxy} did not accept the " \
                     f"connection: {exc!r}", "upstream_unreachable"
@@ -394,6 +478,10 @@ class ProxyConsumer(AsyncHttpConsumer):
                                  outcome=outcomes.UPSTREAM_DIED)
             return
         except httpx.TransportError as exc:
+            if self._responded:
+                await self.stream_error(f"model {model!r} did not answer: {exc!r}",
+                                        "upstream_unreachable", 502, outcomes.UPSTREAM_ERROR)
+                return
             await self.send_json(502, error_body(
                 f"model {model!r} at {proc.spec.proxy} did not answer: {exc!r}; its log: "
                 f"GET /logs/stream/{model}", "upstream_error", "upstream_unreachable"),
@@ -401,10 +489,19 @@ class ProxyConsumer(AsyncHttpConsumer):
             return
         rec = self.rec
         parser = UsageParser(response.headers.get("content-type", ""))
+        if self._responded and response.status_code >= 400:
+            # The wait was reported on a 200 stream; the upstream's error becomes an event.
+            detail = (await response.aread())[:2000].decode(errors="replace")
+            await response.aclose()
+            await self.stream_error(f"model {model!r} answered HTTP {response.status_code}: "
+                                    f"{detail}", "upstream_error", response.status_code,
+                                    outcomes.UPSTREAM_ERROR)
+            return
         try:
-            self._responded = True
-            await self.send_headers(status=response.status_code,
-                                    headers=relay.response_headers(response.headers))
+            if not self._responded:
+                self._responded = True
+                await self.send_headers(status=response.status_code,
+                                        headers=relay.response_headers(response.headers))
             async for chunk in response.aiter_raw():
                 if rec is not None and rec.first_byte is None:
                     rec.first_byte = time.monotonic()

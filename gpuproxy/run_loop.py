@@ -55,8 +55,12 @@ class Waiting:
     """The shell's side of one request: the future its consumer awaits, and its position."""
 
     future: asyncio.Future[str]
-    position: int = 0
+    position: int = 0  # 1-based place in the queue; 0 while waiting on a model load
     position_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the scheduler has admitted the request and made it wait (queued, or behind a
+    # load): a rejection can no longer come, so a stream may start telling the client.
+    waits: asyncio.Event = field(default_factory=asyncio.Event)
+    model: str = ""
     swap_wait: float | None = None  # seconds this request waited for a model load
 
 
@@ -131,6 +135,9 @@ class RunLoop:
         match event:
             case RequestArrived():
                 s.on_request(event)
+                waiting: Waiting = event.req.handle
+                if isinstance(waiting, Waiting) and not waiting.future.done():
+                    waiting.waits.set()
             case Cancelled():
                 s.on_cancel(event)
             case SwapDone():
@@ -184,7 +191,8 @@ class RunLoop:
     # ---- the API for consumers and views --------------------------------------------------
 
     async def acquire(self, model: str, priority: int = 0,
-                      deadline: float | None = None) -> Grant:
+                      deadline: float | None = None,
+                      watch: Callable[[Waiting], None] | None = None) -> Grant:
         """Wait until the scheduler grants `model` (an id or an unknown name) to this caller.
 
         Raises the SchedulingError the scheduler chose, or QueueTimeout after `deadline`
@@ -195,11 +203,13 @@ class RunLoop:
         if deadline:
             try:
                 async with asyncio.timeout(deadline):
-                    return await self.acquire(model, priority)
+                    return await self.acquire(model, priority, watch=watch)
             except TimeoutError:
                 raise QueueTimeout(model, deadline) from None
         loop = asyncio.get_running_loop()
-        waiting = Waiting(loop.create_future())
+        waiting = Waiting(loop.create_future(), model=model)
+        if watch is not None:
+            watch(waiting)  # e.g. a stream that reports the wait to its client
         req = Request(next(self._seq), model, loop.time(), priority, waiting)
         self.post(RequestArrived(req, req.arrived))
         try:

@@ -131,18 +131,19 @@ class Runtime:
         params = {"dbname": db["NAME"], "user": db["USER"] or None,
                   "password": db["PASSWORD"] or None, "host": db["HOST"] or None,
                   "port": db["PORT"] or None, "connect_timeout": 10, "autocommit": True}
-        delay, warned, listened = 1.0, False, False
+        delay, warned = 1.0, False
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     **{k: v for k, v in params.items() if v is not None})
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
-                    if listened:  # saves made while we were not listening
-                        self.request_reload()
+                    # Saves made while we were not listening (also between the catalog's
+                    # first load and this LISTEN) sent notifications nobody heard.
+                    self.request_reload()
                     if warned:
                         logger.info("listening for definition changes again")
-                    listened, warned, delay = True, False, 1.0
+                    warned, delay = False, 1.0
                     async for _ in conn.notifies():
                         self.request_reload()
             except asyncio.CancelledError:

@@ -134,7 +134,9 @@ def serve(tmp_path: Path) -> Iterator:
             if proc.poll() is not None:
                 pytest.fail(f"serve exited with {proc.returncode}:\n{p.output()}")
             try:
-                if p.http.get("/health", timeout=1).status_code == 200:
+                # Ours, not another process that holds the port (it said it listens there).
+                if (p.http.get("/health", timeout=1).status_code == 200
+                        and f"listening on {p.base}" in p.output()):
                     return p
             except httpx.TransportError:
                 pass
