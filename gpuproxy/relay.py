@@ -23,7 +23,9 @@ HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
-RESPONSE_DROP = HOP_BY_HOP - {b"content-length"}
+# The upstream's `Server` (llama.cpp, uvicorn and their versions) is not the client's business:
+# the answer comes from gpuproxy, which names itself.
+RESPONSE_DROP = (HOP_BY_HOP - {b"content-length"}) | {b"server", b"x-powered-by"}
 
 class _NoCookies(CookieJar):
     """Upstreams set no cookies worth keeping, and a proxy must not carry one client's

@@ -149,6 +149,9 @@ class Command(BaseCommand):
             http_timeout=None,
             application_close_timeout=10,
             verbosity=0,
+            # Name the product, not the stack under it (daphne, its version): no help to an
+            # attacker, and what an operator sees in a client's error report.
+            server_name="gpuproxy",
         ).run()
         lock.release()
         logger.info("gpuproxy stopped")
