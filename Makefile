@@ -8,7 +8,7 @@ CONFIG ?= config.example.yaml
 LISTEN ?= 127.0.0.1:8080
 PG_URL_DEFAULT := postgres://postgres@127.0.0.1:5432/gpuproxy
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench soak clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 # 10 minutes on a 2-core box. PostgreSQL (for the activity benches) as `make test` finds it.
 bench: $(STAMP)
 	DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres || true)}" $(PY) bench/report.py
+
+# Ten minutes of mixed traffic, disconnects and upstream crashes (BENCHMARKS.md, "Soak").
+soak: $(STAMP)
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

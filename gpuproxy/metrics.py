@@ -73,6 +73,7 @@ class _Published:
     models: tuple[str, ...] = ()
     model_states: dict[str, str] = field(default_factory=dict)
     perf: PerfMonitor | None = None
+    loop_tasks: int = 0  # asyncio tasks on the server's loop, counted on the loop itself
 
 
 _published = _Published()
@@ -105,6 +106,11 @@ def scheduler_snapshot() -> SchedulerSnapshot:
 def model_states() -> dict[str, str]:
     """A copy of each model's last process state (any thread)."""
     return dict(_published.model_states)
+
+
+def publish_loop_tasks(count: int) -> None:
+    """The number of asyncio tasks on the server's loop (a leak shows as steady growth)."""
+    _published.loop_tasks = count
 
 
 def configured_models() -> tuple[str, ...]:
@@ -208,6 +214,10 @@ class ActivityCollector:
         yield CounterMetricFamily(
             "gpuproxy_activity_written_rows", "Activity rows written to the database.",
             value=w.written)
+        yield GaugeMetricFamily(
+            "gpuproxy_event_loop_tasks",
+            "asyncio tasks on the server's event loop, counted every few seconds.",
+            value=_published.loop_tasks)
         yield CounterMetricFamily(
             "gpuproxy_activity_write_errors",
             "Failed batch writes (each retried with backoff).", value=w.write_errors)

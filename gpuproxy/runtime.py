@@ -99,6 +99,7 @@ class Runtime:
                 await asyncio.wait_for(self._reload_wanted.wait(), every)
             told = self._reload_wanted.is_set() or owed
             self._reload_wanted.clear()
+            metrics.publish_loop_tasks(len(asyncio.all_tasks()))
             try:
                 if told:
                     await self.reload()
