@@ -114,7 +114,11 @@ def parse_outcome(value: str | None) -> str | None:
 
 
 def _text(query, name: str) -> str | None:
+    """A free-text filter; NUL is refused (PostgreSQL text cannot hold it: the query would
+    fail with a 500)."""
     value = query.get(name)
+    if value and "\x00" in value:
+        raise BadParameter(name, f"{name}={value!r} contains a NUL character")
     return value if value else None
 
 
@@ -232,10 +236,10 @@ async def activity_stats(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     try:
         since, until = parse_window(q, now, now - DEFAULT_STATS_WINDOW)
+        model = _text(q, "model")
     except BadParameter as exc:
         return bad_parameter(exc)
     assert since is not None
-    model = _text(q, "model")
     filters = _filters(since, until, model=model)
     stats = await runtime.run_db(lambda: compute_stats(filters))
     return JsonResponse({"window": {"since": since, "until": until or now}, "model": model,

@@ -21,6 +21,7 @@ import time
 from functools import cached_property
 from typing import Any
 
+import aiohttp
 import httpx
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
@@ -66,6 +67,11 @@ JSON = [(b"content-type", b"application/json")]
 # llama-swap's default `upstream.ignorePaths`: static files never trigger a model load.
 IGNORE_PATHS = [re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$")]
 GET_PATHS = frozenset({"/v1/audio/voices"})
+# ASCII control characters: httpx refuses a URL with any of them (`InvalidURL`), aiohttp a
+# header value with any but tab. Twisted lets all but NUL, CR and LF through in header values.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
+_CONTROL_IN_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", for the activity log
 
 _OUTCOME_OF = {
@@ -252,6 +258,10 @@ class ProxyConsumer(AsyncHttpConsumer):
                 self.rec.client = name
         path: str = self.scope["path"]
         method: str = self.scope["method"]
+        malformed = self.malformed(path)
+        if malformed is not None:
+            await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)
+            return
         if path in ("/v1/models", "/models"):
             self.rec = None  # a listing is not an inference request: not logged
             if method != "GET":
@@ -270,6 +280,19 @@ class ProxyConsumer(AsyncHttpConsumer):
             await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
                                                  "invalid_request_error", "not_found"),
                                  outcome=outcomes.BAD_REQUEST)
+
+    def malformed(self, path: str) -> tuple[str, str, str] | None:
+        """What makes this request impossible to send upstream as it is (the upstream client
+        refuses control characters in the URL and in header values), as (message, type,
+        code) for a 400; None when nothing does."""
+        if _CONTROL.search(path) or _CONTROL_BYTES.search(self.scope.get("query_string", b"")):
+            return ("the path or query string contains a control character (percent-encoded "
+                    "%00-%1F or %7F in the path, or raw in the query)", "invalid_request_error",
+                    "invalid_url")
+        if _CONTROL_IN_VALUE.search(b"".join([v for _, v in self.scope["headers"]])):
+            return ("a request header value contains a control character other than tab "
+                    "(RFC 9110 5.5)", "invalid_request_error", "invalid_header")
+        return None
 
     async def method_not_allowed(self, *allowed: str) -> None:
         await self.send_json(405, error_body(
@@ -477,7 +500,9 @@ class ProxyConsumer(AsyncHttpConsumer):
                                                  "upstream_error", code),
                                  outcome=outcomes.UPSTREAM_DIED)
             return
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, aiohttp.ClientError) as exc:
+            # (httpx-aiohttp lets aiohttp's ClientResponseError, an answer that is not HTTP,
+            # through unmapped.)
             if self._responded:
                 await self.stream_error(f"model {model!r} did not answer: {exc!r}",
                                         "upstream_unreachable", 502, outcomes.UPSTREAM_ERROR)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from itertools import accumulate, dropwhile
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -25,6 +26,10 @@ FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
 VERSIONLESS = {"/v/" + p[len("/v1/"):]: p for p in JSON_PATHS if p.startswith("/v1/")}
 INFERENCE_PATHS = JSON_PATHS | FORM_PATHS | frozenset(VERSIONLESS)
 
+# The deepest JSON nesting accepted in a body (the body's own object is level 1).
+MAX_JSON_DEPTH = 512
+
+_NOT_TEXT = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _BOUNDARY = re.compile(rb'boundary="?([^";]+)"?', re.I)
 _DISPOSITION_NAME = re.compile(rb'name="([^"]*)"', re.I)
 
@@ -75,11 +80,7 @@ def parse(method: str, path: str, query: str, headers: dict[bytes, bytes], body:
         stream = (form.get("stream") or [""])[0].lower() == "true" or query_stream
         parsed = Parsed(model, stream, body, form_kind="urlencoded")
     elif body.strip() or method in ("POST", "PUT", "PATCH"):
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadRequest(400, f"the request body is not valid JSON: {exc}",
-                             "invalid_json") from None
+        data = loads(body)
         if not isinstance(data, dict):
             raise BadRequest(400, "the request body must be a JSON object", "invalid_json")
         model = data.get("model", query_model)
@@ -92,7 +93,59 @@ def parse(method: str, path: str, query: str, headers: dict[bytes, bytes], body:
     if not parsed.model:
         raise BadRequest(400, "no model given: set `model` in the JSON body, the form, or "
                               "?model=", "missing_model")
+    if _NOT_TEXT.search(parsed.model):
+        # No model is named so; and a lone surrogate cannot even be stored in the activity
+        # log (UTF-8 refuses it), nor NUL in PostgreSQL text.
+        raise BadRequest(400, f"`model` {parsed.model!r} contains a control character or a "
+                              "lone surrogate", "invalid_model")
     return parsed
+
+
+# A JSON string (its closing quote optional, so an unterminated one ends the scan instead of
+# being retried from every later quote: linear time).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DELTA = [0] * 256
+_DELTA[ord("[")] = _DELTA[ord("{")] = 1
+_DELTA[ord("]")] = _DELTA[ord("}")] = -1
+
+
+def too_deep(text: str, limit: int) -> bool:
+    """Whether `text` nests arrays and objects more than `limit` levels deep (`{}` is one
+    level); brackets inside strings do not count. Linear and in C throughout: strings go in
+    one regex pass, everything but brackets in one `translate`, and the running depth stops
+    at the first level past `limit`."""
+    brackets = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass").translate(
+        None, _NOT_BRACKETS)
+    return next(dropwhile(limit.__ge__, accumulate(map(_DELTA.__getitem__, brackets))),
+                None) is not None
+
+
+def loads(body: bytes) -> Any:
+    """The JSON document in `body`, or BadRequest: not JSON (also numbers over Python's
+    4300-digit limit), or nested deeper than MAX_JSON_DEPTH.
+
+    The stdlib parser recurses once per level and would raise RecursionError near 1000
+    levels (less on a deep stack), so the depth is checked first: cheaply, as a body with
+    fewer brackets than the limit cannot be too deep."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(400, f"the request body is not valid JSON: {exc}",
+                         "invalid_json") from None
+    if (body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+            and too_deep(text, MAX_JSON_DEPTH)):
+        raise BadRequest(400, "the request body nests JSON arrays and objects more than "
+                              f"{MAX_JSON_DEPTH} levels deep, the most accepted",
+                         "json_too_deep")
+    try:
+        return json.loads(text)
+    except RecursionError:  # not reachable within MAX_JSON_DEPTH; never a 500 regardless
+        raise BadRequest(400, "the request body nests JSON too deeply", "json_too_deep"
+                         ) from None
+    except ValueError as exc:  # JSONDecodeError, or an integer over int()'s digit limit
+        raise BadRequest(400, f"the request body is not valid JSON: {exc}",
+                         "invalid_json") from None
 
 
 def multipart_fields(body: bytes, boundary: bytes, names: set[bytes]) -> dict[bytes, bytes]:

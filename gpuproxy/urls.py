@@ -22,5 +22,7 @@ urlpatterns = [
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),
 ]
 
+handler400 = "gpuproxy.views.bad_request"
+handler403 = "gpuproxy.views.permission_denied"
 handler404 = "gpuproxy.views.not_found"
 handler500 = "gpuproxy.views.server_error"

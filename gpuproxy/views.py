@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
+from django.views.decorators.csrf import csrf_exempt
 
 from gpuproxy import runtime
 from gpuproxy.decorators import api_view, json_error
@@ -16,6 +17,7 @@ from gpuproxy.logbuffer import registry as log_registry
 from scheduling.core.errors import ModelNotFound, SchedulingError
 
 
+@csrf_exempt  # any method answers: a POST without a CSRF token must not get Django's 403 page
 async def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
 
@@ -190,6 +192,19 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return json_error(404, f"no such endpoint: {request.method} {request.path}",
                       code="not_found")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 400s (a malformed Host header, over DATA_UPLOAD_MAX_NUMBER_FIELDS query
+    fields, an unreadable multipart body, ...), in the envelope instead of an HTML page."""
+    detail = str(exception) if exception is not None and str(exception) else "bad request"
+    return json_error(400, f"{detail} ({request.method} {request.path})", code="bad_request")
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None
+                      ) -> HttpResponse:
+    return json_error(403, f"permission denied: {request.method} {request.path}",
+                      type_="permission_error", code="permission_denied")
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
