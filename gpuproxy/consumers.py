@@ -389,7 +389,7 @@ class ProxyConsumer(AsyncHttpConsumer):
         queue); otherwise a comment every KEEPALIVE seconds, so that idle-timeout proxies
         and clients do not cut a long wait. Rejections come before it, as JSON."""
         if priority is None:
-            priority = parse_priority(self.headers.get(PRIORITY_HEADER))
+            priority = self.priority(None)
         rec = self.rec
         if rec is not None:
             rec.priority = priority

@@ -76,12 +76,7 @@ def load(model: str) -> concurrent.futures.Future:
     """Load `model` through the scheduler (like `POST /api/models/load`). The future ends
     with the model id when it is ready, or with the SchedulingError."""
 
-    async def go(rt: Any) -> str:
-        grant = await rt.run_loop.acquire(model)
-        grant.release()
-        return grant.model
-
-    return _submit(go)
+    return _submit(lambda rt: rt.run_loop.load(model))
 
 
 def unload(models: list[str]) -> concurrent.futures.Future:

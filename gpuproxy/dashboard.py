@@ -194,8 +194,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def _model_action(self, rt: runtime.Runtime, action: str, model: str) -> None:
         try:
             if action == "load":
-                grant = await rt.run_loop.acquire(model)
-                grant.release()
+                await rt.run_loop.load(model)
                 message = f"{model} is ready"
             elif action == "unload":
                 await rt.run_loop.unload([model])

@@ -227,6 +227,14 @@ class RunLoop:
             raise
         return Grant(self, req, granted_model)
 
+    async def load(self, model: str) -> str:
+        """Make `model` ready through the scheduler and return its id: an ordinary request,
+        released as soon as it is granted, so it queues, joins swaps and respects work in
+        flight like an inference request. Raises the SchedulingError (404, 502, ...)."""
+        grant = await self.acquire(model)
+        grant.release()
+        return grant.model
+
     async def unload(self, models: Iterable[str]) -> None:
         """Stop these models through the scheduler (so no swap races the stop)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

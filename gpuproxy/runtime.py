@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import close_old_connections
 
@@ -50,6 +50,17 @@ async def _load_catalog() -> Catalog:
     from scheduling.catalog import build_catalog
 
     return await run_db(build_catalog)
+
+
+def own_connection_params() -> dict[str, Any]:
+    """psycopg keyword arguments for a PostgreSQL connection of our own, outside Django's
+    pool (the LISTEN connection, the instance lock), from the default database settings."""
+    from django.db import connections
+
+    db = connections["default"].settings_dict
+    params = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
+              "host": db["HOST"], "port": db["PORT"], "connect_timeout": 10}
+    return {k: v for k, v in params.items() if v}
 
 
 def upstream_records() -> ProcessRecords:
@@ -124,19 +135,14 @@ class Runtime:
         """LISTEN on PostgreSQL for `scheduling.signals.CHANNEL`, reconnecting with backoff.
         A connection of its own, on the event loop (psycopg's async API): no thread."""
         import psycopg
-        from django.db import connections
 
         from scheduling.signals import CHANNEL
 
-        db = connections["default"].settings_dict
-        params = {"dbname": db["NAME"], "user": db["USER"] or None,
-                  "password": db["PASSWORD"] or None, "host": db["HOST"] or None,
-                  "port": db["PORT"] or None, "connect_timeout": 10, "autocommit": True}
+        params = own_connection_params()
         delay, warned = 1.0, False
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    **{k: v for k, v in params.items() if v is not None})
+                conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     # Saves made while we were not listening (also between the catalog's

@@ -42,11 +42,10 @@ async def load_model(request: HttpRequest, model: str) -> HttpResponse:
     rt = await runtime.get()
     model_id = rt.catalog.resolve(model) or model
     try:
-        grant = await rt.run_loop.acquire(model_id)
+        loaded = await rt.run_loop.load(model_id)
     except SchedulingError as exc:
         return scheduling_error(exc)
-    grant.release()
-    return JsonResponse({"msg": "ok", "model": grant.model, "state": "ready"})
+    return JsonResponse({"msg": "ok", "model": loaded, "state": "ready"})
 
 
 @api_view(("POST",))

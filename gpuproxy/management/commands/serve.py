@@ -62,12 +62,11 @@ async def preload(models: list[str]) -> None:
     rt = await runtime.get()
     for name in models:
         try:
-            grant = await rt.run_loop.acquire(rt.catalog.resolve(name) or name)
+            loaded = await rt.run_loop.load(rt.catalog.resolve(name) or name)
         except SchedulingError as exc:
             logger.error("preload of %r failed: %s", name, exc.message)
         else:
-            grant.release()
-            logger.info("preloaded model %r", grant.model)
+            logger.info("preloaded model %r", loaded)
 
 
 def quiet_twisted_http() -> None:
@@ -161,13 +160,10 @@ class Command(BaseCommand):
         from django.conf import settings
         from django.db import connections
 
-        db = connections["default"].settings_dict
-        params = None
-        if connections["default"].vendor == "postgresql":
-            params = {k: v for k, v in {
-                "dbname": db["NAME"], "user": db["USER"] or None,
-                "password": db["PASSWORD"] or None, "host": db["HOST"] or None,
-                "port": db["PORT"] or None, "connect_timeout": 10}.items() if v is not None}
+        from gpuproxy.runtime import own_connection_params
+
+        params = (own_connection_params() if connections["default"].vendor == "postgresql"
+                  else None)
         lock = InstanceLock(settings.DATA_DIR, params)
         try:
             lock.acquire()
