@@ -16,6 +16,20 @@ import pytest
 T = TypeVar("T")
 
 
+def one_model(start: int, extra: str = "", *, cmd: str | None = None) -> str:
+    """A config with one model, `solo`, on the fake upstream at `start`, plus `extra` YAML."""
+    from tests.conftest import FAKE
+
+    return f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {cmd or FAKE}
+    {extra}
+    """
+
+
 def until(what: str, predicate: Callable[[], T], within: float = 20.0) -> T:
     """Poll `predicate` until it returns something truthy, and return that."""
     deadline = time.monotonic() + within

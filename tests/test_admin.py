@@ -26,8 +26,8 @@ from gpuproxy import auth, control
 from scheduling.catalog import build_catalog
 from scheduling.core.errors import ModelNotFound
 from scheduling.models import ApiKey, ModelDefinition, ProxySettings
-from tests.conftest import FAKE, free_port
-from tests.helpers import Chat, open_gate, process_gone, running, until
+from tests.conftest import free_port
+from tests.helpers import Chat, one_model, open_gate, process_gone, running, until
 
 SETTINGS_CHANGE = "admin:scheduling_proxysettings_change"
 MODEL_ADD = "admin:scheduling_modeldefinition_add"
@@ -371,16 +371,6 @@ def test_the_key_list_shows_name_prefix_and_creation(client):
 
 LIST_PATH = "/admin/scheduling/modeldefinition/"
 CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
-
-
-def one_model(start: int) -> str:
-    return f"""
-    startPort: {start}
-    healthCheckTimeout: 15
-    models:
-      solo:
-        cmd: {FAKE}
-    """
 
 
 def admin_session(proxy) -> httpx.Client:

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FAKE, free_port
-from tests.helpers import Chat, open_gate
+from tests.helpers import Chat, one_model, open_gate
 from tests.helpers import queue_until as wait_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,17 +69,6 @@ def until_rows(n: int, within: float = 20.0) -> list:
         if len(rows) >= n or time.monotonic() > deadline:
             return rows
         time.sleep(0.05)
-
-
-def one_model(start: int, extra: str = "") -> str:
-    return f"""
-    startPort: {start}
-    healthCheckTimeout: 15
-    models:
-      solo:
-        cmd: {FAKE}
-    {extra}
-    """
 
 
 def test_queue_depth_dispatches_and_oldest_wait_per_band(serve):

@@ -10,20 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAKE, database_url, free_port, processes_matching
-from tests.helpers import process_gone, running, until
+from tests.conftest import database_url, free_port, processes_matching
+from tests.helpers import one_model, process_gone, running, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def one_model(start: int, cmd: str = FAKE) -> str:
-    return f"""
-    startPort: {start}
-    healthCheckTimeout: 15
-    models:
-      solo:
-        cmd: {cmd}
-    """
 
 
 def test_a_sigkilled_proxy_takes_its_upstream_with_it(serve):
@@ -43,7 +33,7 @@ def test_the_next_start_stops_what_a_crash_left_behind(serve, tmp_path: Path):
     marker = f"orphan-marker-{start}"
     wrapped = (f"sh -c '{sys.executable} -m gpuproxy.fakellm --port {start} "
                f"--model {marker} & wait'")
-    proxy = serve(one_model(start, wrapped))
+    proxy = serve(one_model(start, cmd=wrapped))
     assert proxy.http.post("/api/models/load/solo").status_code == 200
     [child] = [p for p in processes_matching(marker) if _argv0(p) == sys.executable]
     [wrapper] = [p for p in processes_matching(marker) if p != child]
@@ -52,7 +42,7 @@ def test_the_next_start_stops_what_a_crash_left_behind(serve, tmp_path: Path):
     until("the wrapper died with the proxy", lambda: process_gone(wrapper), within=10)
     assert not process_gone(child), "the grandchild should have survived the crash"
 
-    second = serve(one_model(start, wrapped))
+    second = serve(one_model(start, cmd=wrapped))
     until("the leftover is stopped", lambda: process_gone(child), within=20)
     assert "left running by an earlier crash: solo" in second.output()
 

@@ -6,21 +6,10 @@ from __future__ import annotations
 import pytest
 
 from activity.models import RequestLog
-from tests.conftest import FAKE, free_port
-from tests.helpers import Chat, open_gate, queue_until, until
+from tests.conftest import free_port
+from tests.helpers import Chat, one_model, open_gate, queue_until, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def config(start: int, queue: str) -> str:
-    return f"""
-    startPort: {start}
-    healthCheckTimeout: 15
-    models:
-      solo:
-        cmd: {FAKE}
-    queue: {queue}
-    """
 
 
 def outcome_count(outcome: str) -> int:
@@ -29,7 +18,7 @@ def outcome_count(outcome: str) -> int:
 
 def test_beyond_the_cap_429_queue_full(serve):
     start = free_port()
-    proxy = serve(config(start, "{maxWaiting: 2}"))
+    proxy = serve(one_model(start, "queue: {maxWaiting: 2}"))
     held = Chat(proxy.base, "solo", gate="g")
     queue_until(proxy, lambda q: q["in_flight"].get("solo") == 1)
     waiting = [Chat(proxy.base, "solo") for _ in range(2)]
@@ -45,7 +34,7 @@ def test_beyond_the_cap_429_queue_full(serve):
 
 def test_a_request_past_its_deadline_gets_503_queue_timeout(serve):
     start = free_port()
-    proxy = serve(config(start, "{timeout: 3600}"))
+    proxy = serve(one_model(start, "queue: {timeout: 3600}"))
     held = Chat(proxy.base, "solo", gate="g")
     queue_until(proxy, lambda q: q["in_flight"].get("solo") == 1)
     r = proxy.http.post("/v1/chat/completions", headers={"X-LlamaSwap-Queue-Timeout": "0.3"},
