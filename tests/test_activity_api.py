@@ -7,7 +7,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
 from django.test import AsyncClient
 
 from activity import outcomes
@@ -18,7 +17,7 @@ from gpuproxy import runtime
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.urls("activity.urls"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="needs real PostgreSQL"),
+    pytest.mark.postgres,
 ]
 
 

@@ -14,7 +14,7 @@ from activity.models import RequestLog
 from tests.conftest import FAKE, free_port
 from tests.test_activity_writer import _outage_end, _outage_start
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
 def count_rows() -> int:

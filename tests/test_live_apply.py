@@ -47,6 +47,7 @@ def scheduler_of(proxy: Proxy) -> str:
     return proxy.http.get("/api/queue").json()["scheduler"]
 
 
+@pytest.mark.postgres
 def test_a_settings_save_from_another_process_applies_at_once(serve):
     proxy = serve(config(free_port()), extra_env=NO_POLLING)
     assert scheduler_of(proxy) == "serial"
@@ -56,6 +57,7 @@ def test_a_settings_save_from_another_process_applies_at_once(serve):
     until("the proxy switched to fifo", lambda: scheduler_of(proxy) == "fifo")
 
 
+@pytest.mark.postgres
 def test_a_model_added_elsewhere_is_served_and_a_deleted_one_gets_404(serve):
     start = free_port()
     proxy = serve(config(start), extra_env=NO_POLLING)
@@ -74,6 +76,7 @@ def test_a_model_added_elsewhere_is_served_and_a_deleted_one_gets_404(serve):
     assert r.status_code == 404
 
 
+@pytest.mark.postgres
 def test_a_changed_model_restarts_when_idle_never_cutting_off_work(serve):
     start = free_port()
     proxy = serve(config(start), extra_env=NO_POLLING)
@@ -105,6 +108,7 @@ def test_a_changed_model_restarts_when_idle_never_cutting_off_work(serve):
     assert waiting.status == 200
 
 
+@pytest.mark.postgres
 def test_disabling_a_model_lets_its_request_finish_then_stops_it(serve):
     start = free_port()
     proxy = serve(config(start), extra_env=NO_POLLING)

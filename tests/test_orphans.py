@@ -70,6 +70,7 @@ def test_a_second_proxy_on_the_same_data_dir_refuses_to_start(serve, tmp_path: P
     assert first.http.get("/health").status_code == 200  # the first is untouched
 
 
+@pytest.mark.postgres
 def test_a_second_proxy_on_the_same_database_refuses_to_start(serve, tmp_path: Path):
     first = serve(one_model(free_port()))
     result = _second_serve(tmp_path, tmp_path / "other-data")

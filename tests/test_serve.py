@@ -183,8 +183,14 @@ def test_bad_config_fails_with_the_key_path(tmp_path):
 
 
 def test_example_config_serves_the_demo(serve):
-    """What `make run` serves: config.example.yaml, with the venv's python first on PATH."""
+    """What `make run` serves: config.example.yaml, with the venv's python first on PATH.
+
+    On ports of its own: with the demo's 5800.., a `make run` on the same machine answered
+    this test's requests while the test's own upstreams failed to bind, and the test passed."""
+    start = free_port()
     example = (Path(__file__).resolve().parents[1] / "config.example.yaml").read_text()
+    example = example.replace("startPort: 5800", f"startPort: {start}")
+    assert f"startPort: {start}" in example
     venv_bin = str(Path(sys.executable).parent)
     proxy = serve(example, extra_env={"PATH": venv_bin + os.pathsep + os.environ["PATH"]})
     r = proxy.http.post("/api/models/load/coder")
@@ -198,7 +204,7 @@ def test_example_config_serves_the_demo(serve):
     # the right upstream (fakellm names model and port in system_fingerprint)
     oa = openai.OpenAI(base_url=proxy.base + "/v1", api_key="x", max_retries=0,
                        http_client=httpx.Client(trust_env=False, timeout=60))
-    ports = {"big-coder": 5800, "big-writer": 5801, "small-chat": 5802}  # startPort, sorted ids
+    ports = {"big-coder": start, "big-writer": start + 1, "small-chat": start + 2}  # sorted ids
     for model in ["big-coder", "small-chat", "big-writer", "big-coder", "small-chat"]:
         chunks = list(oa.chat.completions.create(
             model=model, stream=True, max_tokens=3,
