@@ -1,7 +1,8 @@
 """Importing llama-swap configs into the real database, exporting them back, and the commands.
 
-Expected values are read by eye from the YAML (llama-swap's own example for the first tests),
-never produced by the code under test.
+Expected values are read by eye from the YAML (our fixture, tests/data/llama-swap-config.yaml,
+for the first tests), never produced by the code under test. llama-swap's own example is
+checked by `make compat` (compat/).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import io
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,20 +20,15 @@ from django.core.management.base import CommandError
 from scheduling.importer import export_config, export_yaml, import_config, load_file
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
-
-EXAMPLE = (Path(__file__).resolve().parents[2] / "shared" / "reference"
-           / "llama-swap-config.example.yaml")
-EXAMPLE_ENV = {"HOME": "/home/ada", "API_KEY_1": "sk-env-one", "API_KEY_2": "sk-env-two",
-               "OPENROUTER_API_KEY": "sk-or-123"}
+from tests.llamaswap_fixture import FIXTURE_ENV, fixture_text
 
 pytestmark = pytest.mark.django_db
 
+GRAFANA_SHA = "b5a3c3be0096e84ea7bd2ccf4d24a4b2e297e8e904350b5a886343e3184e2791"
 
-def example_text() -> str:
-    if not EXAMPLE.is_file():
-        pytest.fail(f"llama-swap's example config is missing: expected it at {EXAMPLE} (the "
-                    "shared/ folder must sit beside the repository checkout)")
-    return EXAMPLE.read_text(encoding="utf-8")
+
+def import_fixture():
+    return import_config(parse_config(fixture_text(), FIXTURE_ENV))
 
 
 def apply(yaml_text: str, env: dict[str, str] | None = None, **kwargs: Any):
@@ -81,102 +76,110 @@ SEED = """
     """
 
 
-# --- llama-swap's example ---------------------------------------------------------------------
+# --- the fixture --------------------------------------------------------------------------
 
 
-def test_the_llama_swap_example_imports_with_the_values_it_spells_out():
-    report = import_config(parse_config(example_text(), EXAMPLE_ENV))
-    assert (report.models, report.groups, report.api_keys) == (3, 3, 4)
+def test_the_fixture_imports_with_the_values_it_spells_out():
+    report = import_fixture()
+    assert (report.models, report.groups, report.api_keys) == (5, 2, 3)
+    models = {m.model_id: m for m in ModelDefinition.objects.select_related("group")}
+    assert sorted(models) == ["embed", "llama-8b", "qwen-coder", "vllm-32b", "whisper"]
 
-    assert sorted(ModelDefinition.objects.values_list("model_id", flat=True)) == [
-        "docker-llama", "gpt-oss-120b", "unlisted-model"]
+    llama = models["llama-8b"]
+    # ${server} (a folded macro ending in --port ${PORT}), the model line, then ${args} with
+    # the global ctx; the backslash continuation and both comment lines gone. Ports go from
+    # startPort 9100 in sorted id order to the models whose cmd uses ${PORT}: embed 9100,
+    # llama-8b 9101, qwen-coder 9102, vllm-32b 9103 (whisper names its own port).
+    assert llama.cmd == ("/opt/llama.cpp/llama-server --port 9101 --model "
+                         "/srv/models/gguf/llama-3.1-8b-q4.gguf --ctx-size 8192 -ngl 99")
+    assert (llama.port, llama.proxy) == (9101, "http://localhost:9101")
+    assert (llama.name, llama.description) == ("Llama 3.1 8B",
+                                               "General chat, 8192 tokens of context")
+    assert llama.aliases == ["chat", "gpt-4o-mini"]
+    assert llama.env == ["CUDA_VISIBLE_DEVICES=0"]
+    assert (llama.ttl, llama.unload_timeout, llama.check_endpoint) == (300, 0, "/health")
+    assert llama.strip_params == "top_k, min_p"
+    assert llama.set_params == {"temperature": 0.6, "model": "not-sent"}
+    assert llama.set_params_by_id == {}
+    assert llama.metadata == {"port": 9101, "ctx": 8192, "note": "llama-8b on 9101, ctx 8192"}
+    assert llama.capabilities == {"in": ["text", "image"], "out": ["text"], "tools": True,
+                                  "context": 8192}
+    assert (llama.parallel, llama.stream_idle_timeout, llama.fifo_priority) == (2, 120, 10)
+    assert (llama.send_loading_state, llama.enabled, llama.unlisted) == (None, True, False)
+    assert llama.group is None
 
-    gpt = ModelDefinition.objects.get(model_id="gpt-oss-120b")
-    # ${latest-llama} (a folded global macro with --port ${PORT}), then the model's own
-    # default_ctx (16384, overriding the global 4096) and temp (0.7); comment lines gone.
-    assert gpt.cmd == ("/path/to/llama-server/llama-server-ec9e0301 --port 10002 "
-                       "--model path/to/gpt-oss-120B.gguf --ctx-size 16384 --temperature 0.7")
-    # startPort 10001, sorted ids: docker-llama gets 10001, gpt-oss-120b 10002.
-    assert gpt.port == 10002
-    assert gpt.proxy == "http://127.0.0.1:8999"
-    assert gpt.name == "gpt-oss 120B"
-    assert gpt.description == "A thinking model from OpenAI"
-    assert gpt.env == ["CUDA_VISIBLE_DEVICES=0,1,2"]
-    assert gpt.check_endpoint == "/custom-endpoint"
-    assert (gpt.ttl, gpt.unload_timeout, gpt.concurrency_limit) == (60, 10, 0)
-    assert gpt.use_model_name == "openai/gpt-oss-120B"
-    assert gpt.send_loading_state is False
-    assert gpt.strip_params == "temperature, top_p, top_k"
-    assert gpt.set_params == {"temperature": 0.7, "top_p": 0.9}
-    assert gpt.set_params_by_id == {
-        "gpt-oss-120b": {"chat_template_kwargs": {"reasoning_effort": "medium"}},
-        "gpt-oss-120b:high": {"chat_template_kwargs": {"reasoning_effort": "high"}},
-        "gpt-oss-120b:low": {"chat_template_kwargs": {"reasoning_effort": "low"}},
+    qwen = models["qwen-coder"]
+    # The model's own ctx (32768) takes the global one's place, so ${args} sees it.
+    assert qwen.cmd == ("/opt/llama.cpp/llama-server --port 9102 --model "
+                        "/srv/models/gguf/qwen2.5-coder-32b.gguf --ctx-size 32768 -ngl 99 -np 4")
+    assert (qwen.check_endpoint, qwen.unload_timeout, qwen.use_model_name) == (
+        "/v1/models", 5, "qwen2.5-coder")
+    assert (qwen.concurrency_limit, qwen.send_loading_state) == (6, False)
+    assert qwen.strip_params == "seed"  # the legacy spelling, alone
+    assert qwen.set_params_by_id == {
+        "qwen-coder": {"chat_template_kwargs": {"enable_thinking": False}},
+        "qwen-coder:think": {"chat_template_kwargs": {"enable_thinking": True}},
     }
-    # The explicit alias, then every setParamsByID key except the model's own id.
-    assert gpt.aliases == ["gpt-4o-mini", "gpt-oss-120b:high", "gpt-oss-120b:low"]
-    assert gpt.metadata == {
-        "port": 10002,
-        "temperature": 0.7,
-        "note": "The gpt-oss-120b is running on port 10002 temp=0.7, context=16384",
-        "a_list": [1, 1.23, "macros are OK in list and dictionary types: gpt-oss-120b"],
-        "an_obj": {"a": "1", "b": 2, "c": [0.7, False, "model: gpt-oss-120b"]},
-    }
-    assert gpt.capabilities == {"in": ["text", "audio", "image"],
-                                "out": ["text", "audio", "image"],
-                                "tools": True, "reranker": False, "context": 32000}
-    assert gpt.group is None
+    assert qwen.aliases == ["qwen-coder:think"]  # every setParamsByID key but its own id
+    assert (qwen.ttl, qwen.parallel, qwen.fifo_priority) == (-1, 1, 5)
+    assert qwen.group.group_id == "coders"
 
-    docker = ModelDefinition.objects.get(model_id="docker-llama")
-    assert docker.cmd == ("docker run --name docker-llama --init --rm -p 10001:8080 "
-                          "-v /mnt/nvme/models:/models ghcr.io/ggml-org/llama.cpp:server "
-                          "--model '/models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf'")
-    assert docker.cmd_stop == "docker stop docker-llama"
-    assert docker.proxy == "http://127.0.0.1:10001"
-    assert docker.port == 10001
-    assert docker.group.group_id == "group2"
+    embed = models["embed"]
+    assert embed.cmd == ("/opt/llama.cpp/llama-server --port 9100 --model "
+                         "/srv/models/gguf/nomic-embed.gguf --embedding --pooling mean")
+    assert (embed.unlisted, embed.ttl, embed.port) == (True, 0, 9100)
+    assert embed.capabilities == {"in": ["text"], "out": ["text"], "reranker": False}
+    assert embed.group.group_id == "always-on"
 
-    unlisted = ModelDefinition.objects.get(model_id="unlisted-model")
-    assert unlisted.unlisted is True
-    assert unlisted.cmd == "some-upstream-server"
-    assert unlisted.port is None
+    vllm = models["vllm-32b"]
+    assert vllm.cmd == ("docker run --rm --name vllm-32b --gpus all -p 9103:8000 "
+                        "vllm/vllm-openai:v0.11.0 --model Qwen/Qwen2.5-32B-Instruct "
+                        "--max-num-seqs 8 --scheduling-policy priority")
+    assert vllm.cmd_stop == "docker stop vllm-32b"
+    assert (vllm.proxy, vllm.port) == ("http://127.0.0.1:9103", 9103)
+    assert (vllm.vllm_priority, vllm.enabled) == (True, False)
+    assert vllm.group.group_id == "coders"
+
+    whisper = models["whisper"]
+    assert whisper.cmd == "/opt/whisper.cpp/whisper-server --host 127.0.0.1 --port 9300"
+    assert whisper.cmd_stop == "kill -INT ${PID}"
+    assert (whisper.proxy, whisper.port) == ("http://127.0.0.1:9300", None)
+    assert whisper.check_endpoint == "none"
+    assert whisper.env == ["HF_TOKEN=hf_abc"]
+    assert whisper.group.group_id == "always-on"
 
     groups = {g.group_id: g for g in ModelGroup.objects.all()}
-    assert sorted(groups) == ["forever", "group1", "group2"]
-    assert (groups["group1"].swap, groups["group1"].exclusive,
-            groups["group1"].persistent) == (True, True, False)
-    assert (groups["group2"].swap, groups["group2"].exclusive,
-            groups["group2"].persistent) == (False, False, False)
-    assert (groups["forever"].swap, groups["forever"].exclusive,
-            groups["forever"].persistent) == (False, False, True)
-    # The example's members are illustrative; only docker-llama is a defined model.
-    assert [m.model_id for m in groups["group2"].members.all()] == ["docker-llama"]
-    assert not groups["group1"].members.exists() and not groups["forever"].members.exists()
+    assert sorted(groups) == ["always-on", "coders"]
+    assert (groups["coders"].swap, groups["coders"].exclusive,
+            groups["coders"].persistent) == (True, False, False)
+    assert (groups["always-on"].swap, groups["always-on"].exclusive,
+            groups["always-on"].persistent) == (False, False, True)
 
     s = ProxySettings.load()
     assert (s.health_check_timeout, s.global_ttl, s.unload_timeout, s.start_port) == (
-        500, 0, 10, 10001)
-    assert (s.send_loading_state, s.include_aliases_in_list, s.performance_monitoring) == (
-        True, False, True)
-    assert s.performance_interval == 15.0  # `every: 15s`
-    assert s.scheduler == "fifo"
-    assert s.preload == []  # "llama" is a selector there, not a model
+        15, 900, 10, 9100)  # 10 raised to the minimum; unloadTimeout 0 means 10
+    assert (s.send_loading_state, s.include_aliases_in_list) == (True, True)
+    assert (s.performance_monitoring, s.performance_interval) == (False, 90.0)
+    assert (s.scheduler, s.aging_divisor, s.swap_affinity_bonus) == ("serial", 30.0, 99)
+    assert s.preload == ["llama-8b"]  # `chat`, an alias; `fast` is a selector
+    assert (s.max_waiting, s.max_waiting_interactive, s.max_waiting_normal,
+            s.max_waiting_batch, s.queue_timeout) == (500, 0, 0, 100, 120)
 
-    keys = ["sk-hunter2",
-            "sk-gyCPiKUcIfPlaM4OSMZekkprgijPx6+OsmQs8Rsg0xZ9qpy6gKWsIKqHOk+cgXVx",
-            "sk-env-one", "sk-env-two"]
-    assert sorted(ApiKey.objects.values_list("name", "key_hash")) == sorted(
-        (f"config-{sha(k)[:8]}", sha(k)) for k in keys)
-    assert ApiKey.objects.get(key_hash=sha("sk-hunter2")).prefix == "sk-"  # a third at most
+    assert sorted(ApiKey.objects.values_list("name", "key_hash", "prefix")) == sorted([
+        (f"config-{sha('sk-alice-7f3a')[:8]}", sha("sk-alice-7f3a"), "sk-a"),  # a third at most
+        (f"config-{sha('sk-ci-5150')[:8]}", sha("sk-ci-5150"), "sk-"),
+        ("grafana", GRAFANA_SHA, "sk-gra"),
+    ])
+    assert sha("sk-grafana-1") == GRAFANA_SHA  # the key the fixture's hash stands for
 
 
 def test_load_file_reads_env_from_the_process(monkeypatch, tmp_path):
-    for name, value in EXAMPLE_ENV.items():
+    for name, value in FIXTURE_ENV.items():
         monkeypatch.setenv(name, value)
     path = tmp_path / "config.yaml"
-    path.write_text(example_text(), encoding="utf-8")
+    path.write_text(fixture_text(), encoding="utf-8")
     parsed = load_file(path)
-    assert "sk-env-two" in parsed.api_keys
+    assert "sk-ci-5150" in parsed.api_keys
 
 
 # --- defaults ---------------------------------------------------------------------------------
@@ -227,9 +230,9 @@ def test_rows_not_in_the_file_are_deleted_and_kept_rows_update_in_place():
 
 
 def test_importing_the_same_file_twice_changes_nothing():
-    import_config(parse_config(example_text(), EXAMPLE_ENV))
+    import_fixture()
     before = snapshot()
-    report = import_config(parse_config(example_text(), EXAMPLE_ENV))
+    report = import_fixture()
     assert (report.written, report.deleted) == (0, 0)
     assert snapshot() == before
 
@@ -304,8 +307,8 @@ def test_dry_run_validates_everything_and_writes_nothing():
 
 
 def test_export_then_import_gives_identical_rows():
-    import_config(parse_config(example_text(), EXAMPLE_ENV))
-    ModelDefinition.objects.filter(model_id="unlisted-model").update(parallel=3, enabled=False)
+    import_fixture()
+    ModelDefinition.objects.filter(model_id="embed").update(parallel=3, enabled=False)
     before = snapshot()
     exported = export_yaml()
     report = import_config(parse_config(exported, {}))
@@ -328,7 +331,7 @@ def test_performance_every_survives_export_and_import(every, exported, seconds):
 
 
 def test_export_recreates_the_state_in_an_empty_database():
-    import_config(parse_config(example_text(), EXAMPLE_ENV))
+    import_fixture()
     before = without_identity(snapshot())
     exported = export_yaml()
     ModelDefinition.objects.all().delete()
@@ -340,26 +343,29 @@ def test_export_recreates_the_state_in_an_empty_database():
 
 
 def test_export_is_llama_swap_shaped_and_holds_no_plain_keys():
-    import_config(parse_config(example_text(), EXAMPLE_ENV))
+    import_fixture()
     text = export_yaml()
     data = yaml.safe_load(text)
-    assert data["startPort"] == 10001
-    assert data["performance"] == {"disabled": False, "every": "15s"}
-    assert data["routing"]["scheduler"]["use"] == "fifo"
-    assert data["routing"]["scheduler"]["settings"]["serial"] == {"agingDivisor": 60.0,
-                                                                  "swapAffinityBonus": 10}
-    docker = data["models"]["docker-llama"]
-    assert docker["cmd"].startswith("docker run --name docker-llama --init --rm -p ${PORT}:8080")
-    assert docker["proxy"] == "http://127.0.0.1:${PORT}"
-    assert data["models"]["unlisted-model"] == {"cmd": "some-upstream-server", "unlisted": True}
-    assert data["models"]["gpt-oss-120b"]["aliases"] == ["gpt-4o-mini"]
-    assert data["groups"]["group2"]["members"] == ["docker-llama"]
-    assert {k["sha256"] for k in data["apiKeyHashes"]} == {sha("sk-hunter2"), sha("sk-env-one"),
-                                                           sha(EXAMPLE_ENV["API_KEY_2"]),
-                                                           ApiKey.objects.get(
-                                                               name__startswith="config-",
-                                                               prefix__startswith="sk-gyC").key_hash}
-    assert "sk-hunter2" not in text and "sk-env-one" not in text
+    assert data["startPort"] == 9100
+    assert data["performance"] == {"disabled": True, "every": "90s"}
+    assert data["queue"] == {"maxWaiting": 500, "timeout": 120,
+                             "maxWaitingPerBand": {"batch": 100}}
+    assert data["routing"]["scheduler"] == {
+        "use": "serial",
+        "settings": {"serial": {"agingDivisor": 30.0, "swapAffinityBonus": 99},
+                     "fifo": {"priority": {"llama-8b": 10, "qwen-coder": 5}}}}
+    vllm = data["models"]["vllm-32b"]
+    assert vllm["cmd"].startswith("docker run --rm --name vllm-32b --gpus all -p ${PORT}:8000")
+    assert vllm["proxy"] == "http://127.0.0.1:${PORT}"
+    assert (vllm["enabled"], vllm["vllmPriority"]) == (False, True)
+    assert data["models"]["whisper"]["cmdStop"] == "kill -INT ${PID}"
+    assert data["models"]["llama-8b"]["aliases"] == ["chat", "gpt-4o-mini"]
+    assert data["models"]["qwen-coder"].get("aliases") is None  # they come from setParamsByID
+    assert data["groups"]["coders"]["members"] == ["qwen-coder", "vllm-32b"]
+    assert data["hooks"] == {"on_startup": {"preload": ["llama-8b"]}}
+    assert {k["sha256"] for k in data["apiKeyHashes"]} == {
+        sha("sk-alice-7f3a"), sha("sk-ci-5150"), GRAFANA_SHA}
+    assert "sk-alice-7f3a" not in text and "sk-ci-5150" not in text
 
 
 def test_export_writes_fifo_priorities_and_preload():

@@ -7,7 +7,6 @@ code under test.
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -19,18 +18,7 @@ from scheduling.llamaswap import (
     parse_config,
     parse_go_duration,
 )
-
-EXAMPLE = (Path(__file__).resolve().parents[2] / "shared" / "reference"
-           / "llama-swap-config.example.yaml")
-EXAMPLE_ENV = {"HOME": "/home/ada", "API_KEY_1": "sk-env-one", "API_KEY_2": "sk-env-two",
-               "OPENROUTER_API_KEY": "sk-or-123"}
-
-
-def example_text() -> str:
-    if not EXAMPLE.is_file():
-        pytest.fail(f"llama-swap's example config is missing: expected it at {EXAMPLE} (the "
-                    "shared/ folder must sit beside the repository checkout)")
-    return EXAMPLE.read_text(encoding="utf-8")
+from tests.llamaswap_fixture import FIXTURE_ENV, fixture_text
 
 
 def parse(yaml_text: str, env: dict[str, str] | None = None) -> ParsedConfig:
@@ -51,30 +39,33 @@ def warned_paths(parsed: ParsedConfig) -> set[str]:
     return {w.split(": ", 1)[0] for w in parsed.warnings}
 
 
-# --- the example -------------------------------------------------------------------------
+# --- the fixture (tests/data/llama-swap-config.yaml) ----------------------------------------
 
 
-def test_example_warnings_name_every_unsupported_section_in_it():
-    parsed = parse_config(example_text(), EXAMPLE_ENV)
-    expected = {
-        "logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui",
-        "upstream.ignorePaths", "profiles", "selectors", "peers",
-        "routing.router.settings.matrix", "models.gpt-oss-120b.timeouts",
-        "models.gpt-oss-120b.compat",
-    }
-    missing = expected - warned_paths(parsed)
-    assert not missing, f"no warning names {sorted(missing)}; warnings: {parsed.warnings}"
+def test_fixture_warns_about_exactly_what_gpuproxy_does_not_honour():
+    """Every warned key the fixture holds, read off the file by hand, and nothing else."""
+    parsed = parse_config(fixture_text(), FIXTURE_ENV)
+    assert warned_paths(parsed) == {
+        "healthCheckTimeout", "logLevel", "logTimeFormat", "logToStdout", "logRequests",
+        "metricsMaxInMemory", "captureBuffer", "store", "ui", "upstream.ignorePaths",
+        "profiles", "selectors", "peers", "apiKeys[2]",
+        "models.llama-8b.filters.setParams.model", "models.qwen-coder.timeouts",
+        "models.qwen-coder.compat", "models.embed.healthCheckTimeout", "models.whisper.colour",
+        "hooks.on_startup.preload[1]", "routing.router.settings.matrix",
+        "routing.scheduler.settings.serial.swapAffinityBonus",
+    }, parsed.warnings
 
 
-def test_example_needs_every_env_variable_it_references_outside_comments():
-    env = dict(EXAMPLE_ENV)
-    del env["OPENROUTER_API_KEY"]
-    with pytest.raises(ConfigError) as info:
-        parse_config(example_text(), env)
-    assert info.value.path == "peers.openrouter.apiKey"
-    assert "OPENROUTER_API_KEY" in str(info.value)
-    # `${env.VAR_NAME}` appears only in comments of the example: it is not required.
-    assert "VAR_NAME" not in EXAMPLE_ENV
+def test_fixture_needs_every_env_variable_it_references_outside_comments():
+    for name, path in [("OPENROUTER_KEY", "peers.openrouter.apiKey"), ("MODELS", "macros.gguf"),
+                       ("CI_KEY", "apiKeys[1]"), ("HF_TOKEN", "models.whisper.env[0]")]:
+        env = {k: v for k, v in FIXTURE_ENV.items() if k != name}
+        with pytest.raises(ConfigError) as info:
+            parse_config(fixture_text(), env)
+        assert info.value.path == path
+        assert f"{name} is not set" in str(info.value)
+    # `${env.NOT_SET_ANYWHERE}` appears only in a comment of the fixture: it is not required.
+    assert "${env.NOT_SET_ANYWHERE}" in fixture_text()
 
 
 # --- macros ------------------------------------------------------------------------------
@@ -653,8 +644,8 @@ def test_global_settings_and_unload_timeout_zero_means_ten():
         True, True, False)
 
 
-def test_example_performance_every_is_read():
-    assert parse_config(example_text(), EXAMPLE_ENV).settings.performance_interval == 15.0
+def test_fixture_performance_every_is_read():
+    assert parse_config(fixture_text(), FIXTURE_ENV).settings.performance_interval == 90.0  # 1m30s
 
 
 @pytest.mark.parametrize(("every", "seconds"), [
