@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -69,6 +70,18 @@ def open_gate(port: int, gate: str) -> None:
     r = httpx.post(f"http://127.0.0.1:{port}/fake/gates/open", json={"gate": gate},
                    trust_env=False)
     assert r.status_code == 200, r.text
+
+
+def memory_total_bytes() -> int:
+    """MemTotal from /proc/meminfo: the kernel's own figure, not psutil's reading of it (the
+    code under test uses psutil)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemTotal":
+            number, unit = value.split()
+            assert unit == "kB", line
+            return int(number) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
 
 
 def process_gone(pid: int) -> bool:

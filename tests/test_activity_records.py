@@ -4,7 +4,7 @@ upstreams, real PostgreSQL. Rows are read after a graceful stop, which must flus
 from __future__ import annotations
 
 import signal
-import threading
+import time
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ from django.db import connection
 
 from activity.models import RequestLog
 from tests.conftest import FAKE, free_port
+from tests.helpers import Chat, open_gate, queue_until, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,14 +41,17 @@ def stop(proxy) -> None:
 
 
 def test_every_outcome_is_recorded(serve):
-    proxy = serve(config(free_port()))
+    start = free_port()
+    proxy = serve(config(start))
     h = proxy.http
     # served, streaming: tokens parsed from the fake upstream's SSE
+    sent = time.monotonic()
     with h.stream("POST", "/v1/chat/completions",
                   headers={"X-LlamaSwap-Priority": "interactive", "User-Agent": "t/1"},
                   json=chat("solo", stream=True, max_tokens=4)) as r:
         assert r.status_code == 200
         r.read()
+    streamed_within_ms = (time.monotonic() - sent) * 1000
     # served, not streaming
     assert h.post("/v1/chat/completions", json=chat("solo", max_tokens=3),
                   headers={"X-LlamaSwap-Priority": "batch"}).status_code == 200
@@ -58,30 +62,21 @@ def test_every_outcome_is_recorded(serve):
     assert h.post("/v1/chat/completions", json=chat("broken")).status_code == 502
 
     # 429: two held requests fill solo's concurrencyLimit of 2
-    held = [threading.Thread(target=lambda: httpx.post(
-        proxy.base + "/v1/chat/completions", json=chat("solo", max_tokens=1),
-        headers={"X-Fake-Hold": "2"}, trust_env=False, timeout=30)) for _ in range(2)]
-    for t in held:
-        t.start()
-    for _ in range(1000):
-        q = h.get("/api/queue").json()
-        if q["in_flight"].get("solo", 0) + len(q["queued"]) == 2:
-            break
-        threading.Event().wait(0.02)
+    held = [Chat(proxy.base, "solo", gate="held") for _ in range(2)]
+    queue_until(proxy, lambda q: q["in_flight"].get("solo", 0) + len(q["queued"]) == 2)
     r = h.post("/v1/chat/completions", json=chat("solo", max_tokens=1))
     assert r.status_code == 429
-    for t in held:
-        t.join(30)
+    open_gate(start + 1, "held")  # broken sorts before solo: solo has the second port
+    for c in held:
+        assert c.answered().status_code == 200
 
     # a client that leaves mid-stream
     with h.stream("POST", "/v1/chat/completions",
                   json=chat("solo", stream=True, max_tokens=500)) as r:
         lines = r.iter_lines()
         next(lines)
-    for _ in range(1000):  # the proxy noticed the client leave and freed the slot
-        if not h.get("/api/queue").json()["in_flight"]:
-            break
-        threading.Event().wait(0.02)
+    until("the proxy noticed the client leave and freed the slot",
+          lambda: not h.get("/api/queue").json()["in_flight"])
     stop(proxy)
 
     rows = list(RequestLog.objects.order_by("id"))
@@ -102,8 +97,14 @@ def test_every_outcome_is_recorded(serve):
     assert (plain.priority, plain.band) == (-100, "batch")
     assert streamed.user_agent == "t/1"
     assert streamed.scheduler == "serial"
-    parts = streamed.score_parts
-    assert streamed.score == pytest.approx(parts["priority"] + parts["affinity"] + parts["aging"])
+    # docs/scheduling.md with the defaults: interactive is 100, the bonus for the model being
+    # loaded is 10, aging is seconds waited / 60; the wait is bounded by the test's own clock
+    assert 0 < streamed.queue_wait_ms <= streamed_within_ms
+    aging = streamed.queue_wait_ms / 1000 / 60
+    assert streamed.score_parts["priority"] == 100
+    assert streamed.score_parts["affinity"] == 10
+    assert streamed.score_parts["aging"] == pytest.approx(aging, abs=1e-6)
+    assert streamed.score == pytest.approx(100 + 10 + aging, abs=1e-6)
     assert streamed.swap_ms is not None and streamed.swap_ms > 0  # it waited for solo's load
     assert streamed.queue_wait_ms >= streamed.swap_ms
     assert streamed.ttft_ms is not None and streamed.duration_ms >= streamed.ttft_ms
@@ -113,23 +114,23 @@ def test_every_outcome_is_recorded(serve):
     assert rows[8].completion_tokens is None  # it never finished
 
 
+@pytest.mark.postgres  # the analysts' SQL (percentile_cont) is PostgreSQL's
 def test_cancelled_while_queued_and_unauthorized(serve):
-    proxy = serve(config(free_port(), extra="apiKeys: [k1]"))
+    start = free_port()
+    proxy = serve(config(start, extra="apiKeys: [k1]"))
     auth = {"Authorization": "Bearer k1"}
     assert proxy.http.post("/v1/chat/completions", json=chat("solo")).status_code == 401
     assert proxy.http.post("/api/models/load/solo", headers=auth).status_code == 200
-    busy = threading.Thread(target=lambda: httpx.post(
-        proxy.base + "/v1/chat/completions", json=chat("solo", max_tokens=1),
-        headers={"X-Fake-Hold": "2", **auth}, trust_env=False, timeout=30))
+    busy = Chat(proxy.base, "solo", gate="busy", start=False)
+    busy.headers.update(auth)
     busy.start()
-    for _ in range(1000):
-        if proxy.http.get("/api/queue", headers=auth).json()["in_flight"].get("solo") == 1:
-            break
-        threading.Event().wait(0.02)
+    until("busy in flight", lambda: proxy.http.get("/api/queue", headers=auth)
+          .json()["in_flight"].get("solo") == 1)
     with pytest.raises(httpx.ReadTimeout):  # parallel 1: this one queues, then its client leaves
         httpx.post(proxy.base + "/v1/chat/completions", json=chat("solo", max_tokens=1),
                    headers=auth, trust_env=False, timeout=0.5)
-    busy.join(30)
+    open_gate(start + 1, "busy")  # broken sorts before solo: solo has the second port
+    assert busy.answered().status_code == 200
     stop(proxy)
     rows = list(RequestLog.objects.order_by("id"))
     outcomes = [(r.status_code, r.outcome, r.client) for r in rows]

@@ -9,7 +9,6 @@ to a real `gpuproxy serve` on the test database and drives its upstreams from th
 # ruff: noqa: RUF001  (the pages write the multiplication sign, as docs/scheduling.md does)
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import html
 import re
@@ -24,9 +23,8 @@ from django.urls import reverse
 
 from gpuproxy import auth, control
 from scheduling.catalog import build_catalog
-from scheduling.core.errors import ModelNotFound
 from scheduling.models import ApiKey, ModelDefinition, ProxySettings
-from tests.conftest import free_port
+from tests.conftest import FAKE, free_port
 from tests.helpers import Chat, one_model, open_gate, process_gone, running, until
 
 SETTINGS_CHANGE = "admin:scheduling_proxysettings_change"
@@ -282,26 +280,6 @@ def test_loading_a_disabled_model_is_refused(client, two_models):
 
 
 @pytest.mark.django_db
-def test_load_reports_an_immediate_refusal_and_does_not_wait_for_a_slow_load(
-        client, two_models, monkeypatch):
-    """The proxy is faked here: the HTTP tests below use a real one, whose refusals and loads
-    are not this predictable in time."""
-    pending: concurrent.futures.Future = concurrent.futures.Future()
-    refused: concurrent.futures.Future = concurrent.futures.Future()
-    refused.set_exception(ModelNotFound("alpha"))
-    answer = {"alpha": refused}
-    monkeypatch.setattr(control, "load", lambda m: answer[m])
-    assert run_action(client, "load_models", two_models[0]) == [
-        "Model alpha could not be loaded: " + ModelNotFound("alpha").message]
-    answer["alpha"] = pending
-    started = time.monotonic()
-    said = run_action(client, "load_models", two_models[0])
-    assert time.monotonic() - started < 5
-    assert said == ["Loading alpha started: it can take minutes; the live state column shows "
-                    "when it is ready."]
-
-
-@pytest.mark.django_db
 def test_staff_who_may_only_view_get_no_actions(two_models):
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_modeldefinition"))
@@ -436,6 +414,76 @@ def test_load_and_unload_from_the_admin(serve):
     assert "Stopped solo." in page or "Stopping solo" in page
     until("solo gone from /running", lambda: "solo" not in running(proxy))
     assert until("the list says stopped", lambda: live_cell(h, solo) == "stopped")
+
+
+NO_SUCH_SERVER = "/nonexistent/gpuproxy-test-no-such-server"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_load_reports_an_immediate_refusal_and_does_not_wait_for_a_slow_load(serve):
+    """The action waits a moment for the proxy's answer: a refusal given at once is shown as
+    such, and a load that takes long is reported as started without holding the page. The
+    refusal is a missing executable, not an unknown model: a definition saved after the proxy
+    started reaches it (its reload when LISTEN connects) at a moment no test controls."""
+    start = free_port()
+    proxy = serve(f"""
+    startPort: {start}
+    healthCheckTimeout: 60
+    models:
+      broken:
+        cmd: {NO_SUCH_SERVER} --port ${{PORT}}
+      slow:
+        cmd: {FAKE} --load-seconds 30
+    """)
+    h = admin_session(proxy)
+    broken = ModelDefinition.objects.get(model_id="broken")
+    slow = ModelDefinition.objects.get(model_id="slow")
+
+    said = post_action(h, "load_models", broken)
+    api = proxy.http.post("/api/models/load/broken")
+    assert api.status_code == 502
+    refusal = api.json()["error"]["message"]
+    assert f"executable '{NO_SUCH_SERVER}' not found" in refusal
+    assert said == "Model broken could not be loaded: " + refusal
+
+    started = time.monotonic()
+    said = post_action(h, "load_models", slow)
+    assert time.monotonic() - started < 5  # the load itself takes 30 s
+    assert said == ("Loading slow started: it can take minutes; the live state column shows "
+                    "when it is ready.")
+    assert live_cell(h, slow) == "starting"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_state_cells_of_a_running_proxy(serve):
+    """The cell texts the spy test above checks, from a real proxy: requests in flight, a
+    restart pending on them, and a disabled model."""
+    start = free_port()
+    proxy = serve(f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {FAKE}
+        parallel: 2
+      off:
+        cmd: {FAKE}
+        enabled: false
+    """)
+    h = admin_session(proxy)
+    solo = ModelDefinition.objects.get(model_id="solo")
+    off = ModelDefinition.objects.get(model_id="off")
+    assert proxy.http.post("/api/models/load/solo").status_code == 200
+    callers = [Chat(proxy.base, "solo", gate="held") for _ in range(2)]
+    until("two requests in flight", lambda: proxy.http.get("/api/queue").json()["in_flight"]
+          .get("solo") == 2)
+    assert "Restart requested for solo" in post_action(h, "restart_models", solo)
+    assert until("the list shows both and the pending restart",
+                 lambda: live_cell(h, solo) == "ready · 2 in flight · restart needed")
+    assert live_cell(h, off) == "disabled"
+    open_gate(start + 1, "held")  # off sorts before solo: solo has the second port
+    for c in callers:
+        assert c.answered().status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)

@@ -80,15 +80,19 @@ def test_flood_trace_serial_interactive_p99_within_service_plus_swap():
 
 def test_dispatch_record_agrees_with_the_simulated_wait():
     """The core's Dispatch record (what the activity log will show) must tell the same story
-    as the simulation: queue_wait is the wait, and the score is the sum of its parts."""
+    as the simulation: queue_wait is the wait, and the score is docs/scheduling.md's formula
+    on the trace's priority and that wait, with SERIAL's divisor (60 s) and bonus (10)."""
     trace = sim.load_trace(ROOT / "bench" / "traces" / "roundrobin.csv")
     run = sim.simulate(trace, SERIAL)
     for j in run.jobs:
         d = j.dispatch
+        wait = j.started - j.row.arrival
         assert d is not None and d.band == "normal" and d.priority == j.row.priority
-        assert d.queue_wait == pytest.approx(j.started - j.row.arrival)
-        assert d.score == pytest.approx(d.priority + d.affinity + d.aging)
-        assert d.affinity in (0.0, 10.0)
+        assert d.queue_wait == pytest.approx(wait)
+        assert d.aging == pytest.approx(wait / 60)
+        # parallel 1 in one group: a request is granted only on its own model, once loaded
+        assert d.affinity == 10.0
+        assert d.score == pytest.approx(j.row.priority + 10 + wait / 60)
     assert run.stats is not None and sum(run.stats.dispatched.values()) == len(trace)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 from channels.testing import ApplicationCommunicator
@@ -21,6 +22,7 @@ from gpuproxy.logbuffer import registry as logs
 from scheduling.core.events import Cancelled, RequestArrived, ServeDone, SwapDone
 from scheduling.importer import import_config
 from scheduling.llamaswap import parse_config
+from tests import helpers
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -96,6 +98,12 @@ def chat(model: str, **kw) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "x"}], **kw}
 
 
+async def open_gate(rt: runtime.Runtime, model: str, gate: str) -> None:
+    """helpers.open_gate, off the event loop this test shares with the proxy."""
+    port = urlsplit(rt.upstreams.existing(model).spec.proxy).port
+    await asyncio.to_thread(helpers.open_gate, port, gate)
+
+
 def assert_free(rt: runtime.Runtime, model: str) -> None:
     s = rt.run_loop.scheduler
     assert s.in_flight(model) == 0
@@ -155,7 +163,7 @@ async def test_disconnect_while_waiting_for_a_load(rt):
 
 async def test_disconnect_while_queued_never_loads(rt):
     """A queued client that leaves must never cause a load (beta would evict busy alpha)."""
-    busy = request({}, [(b"x-fake-hold", b"2")])
+    busy = request({}, [(b"x-fake-gate", b"busy")])  # in flight until the gate opens
     await send(busy, chat("alpha", max_tokens=1))
     await until(rt, SwapDone)
     queued = request({})
@@ -165,6 +173,7 @@ async def test_disconnect_while_queued_never_loads(rt):
     await queued.send_input({"type": "http.disconnect"})
     await until(rt, Cancelled)
     assert rt.run_loop.scheduler.queued() == []
+    await open_gate(rt, "alpha", "busy")
     start = await busy.receive_output(30)  # alpha's request completes normally
     assert start["status"] == 200
     await until(rt, ServeDone)

@@ -1,13 +1,20 @@
 """The guarantees panel's formulas (scheduling/guarantees.py) against the numbers written by hand
-in docs/scheduling.md, and its JavaScript mirror against the Python, value for value."""
+in docs/scheduling.md, and its JavaScript mirror against the Python, value for value.
 
-# ruff: noqa: RUF001  (the panel writes the multiplication sign, as docs/scheduling.md does)
+The numbers are read out of the doc itself, never copied here: a change to the doc that the
+code does not follow (or the reverse) fails, and a sentence this file can no longer find
+fails too, naming it.
+"""
+
+# ruff: noqa: RUF001, RUF002  (the panel writes the multiplication sign, as docs/scheduling.md does)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,8 +28,9 @@ from scheduling.guarantees import (
     problems,
 )
 
-JS = Path(__file__).resolve().parent.parent / "scheduling" / "static" / "scheduling" / \
-    "guarantees.js"
+ROOT = Path(__file__).resolve().parent.parent
+JS = ROOT / "scheduling" / "static" / "scheduling" / "guarantees.js"
+DOC = ROOT / "docs" / "scheduling.md"
 
 
 def test_the_module_is_pure():
@@ -30,7 +38,7 @@ def test_the_module_is_pure():
     code = ("import sys, scheduling.guarantees; "
             "print(','.join(m for m in ('django', 'asyncio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin"}, cwd=JS.parents[3], check=True)
+                         env={"PATH": "/usr/bin:/bin"}, cwd=ROOT, check=True)
     assert out.stdout.strip() == ""
 
 
@@ -38,74 +46,253 @@ def texts(divisor, bonus) -> dict[str, str]:
     return {g.title: g.text for g in guarantees(divisor, bonus)}
 
 
+# ---- what docs/scheduling.md says --------------------------------------------------------------
+
+def said(pattern: str) -> re.Match[str]:
+    """`pattern` in the doc's prose, line breaks folded (a sentence may wrap anywhere)."""
+    found = re.search(pattern, " ".join(DOC.read_text().split()))
+    assert found, f"docs/scheduling.md no longer says {pattern!r}: update this test with it"
+    return found
+
+
+def number(text: str) -> float:
+    """A number as the doc writes it: "12 600", "0.5"."""
+    return float(text.replace(" ", ""))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One duration the doc writes, the seconds its own arithmetic gives, and what the code
+    computes from the same operands."""
+
+    where: str
+    seconds: float
+    text: str
+    computed: float
+
+
+@dataclass(frozen=True)
+class TRow:
+    """A row of the "No overtaking after T" table: T = (gap + bonus) × divisor."""
+
+    you: str
+    later: str
+    gap: int
+    bonus: int
+    divisor: float
+    seconds: float | None  # written in the row, or not
+    text: str
+    without_bonus: str | None  # the row's "(0 with `swapAffinityBonus: 0`)"
+
+
+_T_ROW = re.compile(
+    r"\| (?P<you>[^|]+?) \| (?P<later>[^|]+?) \| "
+    r"(?:\((?P<gap>\d+) \+ (?P<bonus>\d+)\)|(?P<bonus_alone>\d+)) × (?P<divisor>[\d.]+) s"
+    r"(?: = (?P<seconds>\d[\d ]*) s)? = \*\*(?P<text>[^*]+)\*\*"
+    r"(?: \((?P<without>\d+) with `swapAffinityBonus: 0`\))? \|")
+
+
+def _name(cell: str) -> str:
+    found = re.search(r"`(\w+)`", cell)
+    return found.group(1) if found else cell
+
+
+def t_table() -> tuple[TRow, ...]:
+    lines = DOC.read_text().splitlines()
+    header = lines.index("| you are | the later arrivals are | T |")
+    rows = []
+    for line in lines[header + 2:]:
+        if not line.startswith("|"):
+            break
+        m = _T_ROW.fullmatch(line)
+        assert m, f"a row of the T table this test cannot read: {line}"
+        gap_cell = re.search(r"gap (\d+)", m["later"])
+        gap = int(gap_cell.group(1)) if gap_cell else 0  # "the same priority as yours"
+        if m["gap"] is not None:
+            assert int(m["gap"]) == gap, f"the row's gap and its formula differ: {line}"
+        rows.append(TRow(_name(m["you"]), _name(m["later"]), gap,
+                         int(m["bonus"] or m["bonus_alone"]), number(m["divisor"]),
+                         number(m["seconds"]) if m["seconds"] else None, m["text"],
+                         m["without"]))
+    assert rows, "the T table has no rows"
+    return tuple(rows)
+
+
+def t_row(you: str, later: str) -> TRow:
+    found = [r for r in t_table() if (r.you, r.later) == (you, later)]
+    assert len(found) == 1, f"the T table has no single row for {you} behind {later}"
+    return found[0]
+
+
+def defaults() -> tuple[float, int]:
+    """(agingDivisor, swapAffinityBonus) as the doc states the defaults."""
+    m = said(r"The defaults are `swapAffinityBonus: (\d+)` and `agingDivisor: (\d+)`")
+    return number(m[2]), int(m[1])
+
+
+def band_gap() -> int:
+    return int(said(r"smaller than the gap between bands \((\d+)\)")[1])
+
+
+def batch_crossover() -> re.Match[str]:
+    """gap, divisor, seconds, text; then the texts with affinity on one side."""
+    return said(r"outranks it once w > (\d+) × ([\d.]+) s = (\d[\d ]*) s \(\*\*([^*]+)\*\*\) "
+                r"when both or neither have affinity\. It takes (.+?) when only the interactive "
+                r"one has affinity, and (.+?) when only the batch one has\.")
+
+
+def normal_crossover() -> re.Match[str]:
+    """gap, divisor, text; then the two numbers with affinity on one side, and their unit."""
+    return said(r"A `normal` request outranks a fresh interactive one after (\d+) × ([\d.]+) s "
+                r"= \*\*([^*]+)\*\* \((\d+) or (\d+) (\w+) with affinity on one side\)")
+
+
+def half_second() -> re.Match[str]:
+    """"Choosing values" at agingDivisor 0.5: the crossover, T behind interactive, T in a band."""
+    return said(r"At `([\d.]+)` \(two points per second\), a batch request outranks a fresh "
+                r"interactive one after (\d+) × ([\d.]+) = (\d+) s, T for batch behind "
+                r"interactive is \((\d+) \+ (\d+)\) × ([\d.]+) = (\d+) s, and within a band it "
+                r"is (\d+) × ([\d.]+) = (\d+) s\.")
+
+
+def bonus_30() -> re.Match[str]:
+    """divisor, bonus, and the minutes of reordering the doc says it allows."""
+    return said(r"With `agingDivisor: (\d+)`, a bonus of (\d+) lets requests for the loaded "
+                r"model go first as long as they are less than (\d+) minutes younger")
+
+
+def doc_figures() -> list[Figure]:
+    """Every duration the doc gives for the formulas. Seconds come from the doc's own
+    arithmetic: written out where it writes them, else its operands in its formula."""
+    divisor, bonus = defaults()
+    figures = []
+    for r in t_table():
+        seconds = r.seconds if r.seconds is not None else (r.gap + r.bonus) * r.divisor
+        figures.append(Figure(f"T, {r.you} behind {r.later}", seconds, r.text,
+                              no_overtaking_after(r.gap, r.divisor, r.bonus)))
+        if r.without_bonus is not None:
+            figures.append(Figure(f"T, {r.you} behind {r.later}, bonus 0",
+                                  number(r.without_bonus), f"{r.without_bonus} s",
+                                  no_overtaking_after(r.gap, r.divisor, 0)))
+    c = batch_crossover()
+    gap, div = int(c[1]), number(c[2])
+    figures += [
+        Figure("crossover batch/interactive", number(c[3]), c[4], crossover(gap, div)),
+        Figure("crossover, only the interactive one has affinity", (gap + bonus) * div, c[5],
+               crossover(gap, div, bonus)),
+        Figure("crossover, only the batch one has affinity", (gap - bonus) * div, c[6],
+               crossover(gap, div, -bonus)),
+    ]
+    n = normal_crossover()
+    gap, div = int(n[1]), number(n[2])
+    figures += [
+        Figure("crossover normal/interactive", gap * div, n[3], crossover(gap, div)),
+        Figure("crossover normal, interactive affinity", (gap + bonus) * div, f"{n[4]} {n[6]}",
+               crossover(gap, div, bonus)),
+        Figure("crossover normal, normal affinity", (gap - bonus) * div, f"{n[5]} {n[6]}",
+               crossover(gap, div, -bonus)),
+    ]
+    h = half_second()
+    figures += [
+        Figure("agingDivisor 0.5: crossover", number(h[4]), f"{h[4]} s",
+               crossover(int(h[2]), number(h[3]))),
+        Figure("agingDivisor 0.5: T behind interactive", number(h[8]), f"{h[8]} s",
+               no_overtaking_after(int(h[5]), number(h[7]), int(h[6]))),
+        Figure("agingDivisor 0.5: T within a band", number(h[11]), f"{h[11]} s",
+               no_overtaking_after(0, number(h[10]), int(h[9]))),
+    ]
+    b = bonus_30()
+    figures.append(Figure("a bonus of 30", int(b[3]) * 60, f"{b[3]} min",
+                          no_overtaking_after(0, number(b[1]), int(b[2]))))
+    within = said(r"bonus × divisor seconds of age \(([^)]+) with the defaults\)")
+    figures.append(Figure("reordering within a band", bonus * divisor, within[1],
+                          no_overtaking_after(0, divisor, bonus)))
+    return figures
+
+
+def test_the_t_table_has_the_rows_the_panel_states():
+    assert [(r.you, r.later) for r in t_table()] == [
+        ("batch", "interactive"), ("normal", "interactive"), ("batch", "normal"),
+        ("any", "the same priority as yours")]
+
+
+def test_format_duration_writes_what_the_docs_write():
+    wrong = [(f, format_duration(f.seconds)) for f in doc_figures()
+             if format_duration(f.seconds) != f.text]
+    assert not wrong
+
+
 @pytest.mark.parametrize(("seconds", "expected"), [
-    (12_600, "3 h 30 min"),  # T batch behind interactive
-    (12_000, "3 h 20 min"),  # crossover batch/interactive
-    (11_400, "3 h 10 min"),
-    (6_600, "110 min"),      # T normal behind interactive
-    (6_000, "100 min"),
-    (5_400, "90 min"),
-    (600, "10 min"),         # T within a band
     (1_800, "30 min"),
-    (105, "105 s"),          # agingDivisor 0.5
-    (100, "100 s"),
-    (5, "5 s"),
     (0, "0 s"),
     (0.5, "0.5 s"),
     (150, "2 min 30 s"),
     (7_200, "2 h"),
     (2 * 86_400 + 4 * 3600, "2 d 4 h"),
 ])
-def test_format_duration_writes_what_the_docs_write(seconds, expected):
+def test_format_duration_units(seconds, expected):
+    """The rules of its docstring, beyond the doc's own figures."""
     assert format_duration(seconds) == expected
 
 
 def test_the_formulas_give_the_documented_seconds():
-    assert no_overtaking_after(200, 60, 10) == 12_600
-    assert no_overtaking_after(100, 60, 10) == 6_600
-    assert no_overtaking_after(0, 60, 10) == 600
-    assert no_overtaking_after(0, 60, 0) == 0
-    assert crossover(200, 60) == 12_000
-    assert crossover(200, 60, 10) == 12_600
-    assert crossover(200, 60, -10) == 11_400
-    assert crossover(100, 60) == 6_000
-    assert no_overtaking_after(200, 0.5, 10) == 105
-    assert crossover(200, 0.5) == 100
-    assert no_overtaking_after(0, 0.5, 10) == 5
+    assert not [f for f in doc_figures() if f.computed != f.seconds]
+
+
+def test_the_table_is_for_the_defaults():
+    divisor, bonus = defaults()
+    assert {(r.divisor, r.bonus) for r in t_table()} == {(divisor, bonus)}
+    # the panel's one line for normal behind interactive also covers batch behind normal
+    assert t_row("batch", "normal").gap == t_row("normal", "interactive").gap
 
 
 def test_the_defaults_panel_has_the_numbers_of_docs_scheduling():
-    g = texts(60, 10)
-    assert g["Band isolation"].startswith("holds: the bonus (10) is below the 100 points")
-    assert ("outranks a fresh interactive one after 3 h 20 min (200 × 60 s) when both or neither "
-            "have affinity; after 3 h 30 min when only the interactive one has it, 3 h 10 min "
+    divisor, bonus = defaults()
+    g = texts(divisor, bonus)
+    d = f"{divisor:g}"
+    assert g["Band isolation"].startswith(
+        f"holds: the bonus ({bonus}) is below the {band_gap()} points")
+    c = batch_crossover()
+    assert (f"outranks a fresh interactive one after {c[4]} ({c[1]} × {c[2]} s) when both or "
+            f"neither have affinity; after {c[5]} when only the interactive one has it, {c[6]} "
             "when only the batch one has.") in g["Batch vs. fresh interactive"]
-    assert ("after 100 min (100 × 60 s); 110 min or 90 min with affinity on one side."
-            in g["Normal vs. fresh interactive"])
-    assert ("more than 3 h 30 min ((200 + 10) × 60 s)"
+    n = normal_crossover()
+    assert (f"after {n[3]} ({n[1]} × {n[2]} s); {n[4]} {n[6]} or {n[5]} {n[6]} with affinity "
+            "on one side." in g["Normal vs. fresh interactive"])
+    r = t_row("batch", "interactive")
+    assert (f"more than {r.text} (({r.gap} + {r.bonus}) × {d} s)"
             in g["No overtaking: batch behind interactive"])
-    assert "more than 110 min ((100 + 10) × 60 s)" in g["No overtaking: normal behind interactive"]
-    assert "more than 10 min (10 × 60 s)" in g["No overtaking: same priority"]
-    assert "waits at most 110 min behind fresh interactive" in g["Longest wait behind interactive"]
-    assert all(x.ok for x in guarantees(60, 10))
+    r = t_row("normal", "interactive")
+    assert (f"more than {r.text} (({r.gap} + {r.bonus}) × {d} s)"
+            in g["No overtaking: normal behind interactive"])
+    assert f"waits at most {r.text} behind fresh interactive" in g[
+        "Longest wait behind interactive"]
+    r = t_row("any", "the same priority as yours")
+    assert f"more than {r.text} ({r.bonus} × {d} s)" in g["No overtaking: same priority"]
+    assert all(x.ok for x in guarantees(divisor, bonus))
 
 
 def test_a_half_second_divisor_as_in_choosing_values():
-    """docs/scheduling.md, "Choosing values": 100 s, 105 s and 5 s at agingDivisor 0.5."""
-    g = texts(0.5, 10)
-    assert "after 100 s (200 × 0.5 s)" in g["Batch vs. fresh interactive"]
-    assert "more than 105 s ((200 + 10) × 0.5 s)" in g["No overtaking: batch behind interactive"]
-    assert "more than 5 s (10 × 0.5 s)" in g["No overtaking: same priority"]
+    """docs/scheduling.md, "Choosing values", at agingDivisor 0.5."""
+    h = half_second()
+    g = texts(number(h[1]), int(h[6]))
+    assert f"after {h[4]} s ({h[2]} × {h[3]} s)" in g["Batch vs. fresh interactive"]
+    assert (f"more than {h[8]} s (({h[5]} + {h[6]}) × {h[7]} s)"
+            in g["No overtaking: batch behind interactive"])
+    assert f"more than {h[11]} s ({h[9]} × {h[10]} s)" in g["No overtaking: same priority"]
 
 
 def test_a_bonus_of_30_reorders_a_band_by_30_minutes():
-    assert "more than 30 min (30 × 60 s)" in texts(60, 30)["No overtaking: same priority"]
+    b = bonus_30()
+    assert (f"more than {b[3]} min ({b[2]} × {b[1]} s)"
+            in texts(number(b[1]), int(b[2]))["No overtaking: same priority"])
 
 
 def test_bonus_zero_means_strict_arrival_order_and_no_affinity_variants():
-    g = texts(60, 0)
-    assert "more than 0 s (0 × 60 s) later is never served first (strict arrival order)." \
-        in g["No overtaking: same priority"]
+    divisor, _ = defaults()
+    g = texts(divisor, 0)
+    assert (f"more than 0 s (0 × {divisor:g} s) later is never served first (strict arrival "
+            "order).") in g["No overtaking: same priority"]
     assert "affinity changes nothing" in g["Batch vs. fresh interactive"]
     assert "with affinity on one side" not in g["Normal vs. fresh interactive"]
 
@@ -171,11 +358,19 @@ process.stdout.write(JSON.stringify({
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def node() -> str:
+    """Never a skip: without node the mirror would go unchecked while the suite passes."""
+    path = shutil.which("node")
+    if path is None:
+        pytest.fail("node is not on PATH: `make test` installs it (scripts/ensure-test-tools), "
+                    "or run: apt-get install -y nodejs")
+    return path
+
+
 def test_the_javascript_mirror_renders_the_same_text():
     pairs = [(d, b) for d in DIVISORS for b in BONUSES]
     payload = json.dumps({"pairs": pairs, "seconds": SECONDS, "typed": TYPED})
-    out = subprocess.run(["node", "-e", NODE_SCRIPT, str(JS)], input=payload, text=True,
+    out = subprocess.run([node(), "-e", NODE_SCRIPT, str(JS)], input=payload, text=True,
                          capture_output=True, check=True, timeout=30)
     js = json.loads(out.stdout)
     for (d, b), panel in zip(pairs, js["panels"], strict=True):
@@ -227,9 +422,8 @@ process.stdout.write(JSON.stringify(steps));
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_page_script_re_renders_the_panel_on_input():
-    out = subprocess.run(["node", "-e", DOM_SCRIPT, str(JS)], text=True, capture_output=True,
+    out = subprocess.run([node(), "-e", DOM_SCRIPT, str(JS)], text=True, capture_output=True,
                          check=True, timeout=30)
     refused, edited, fifo_note_hidden = json.loads(out.stdout)
     assert refused == [{"cls": "guarantee guarantee-bad",

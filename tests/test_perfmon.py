@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from gpuproxy.perfmon import (
     parse_nvidia_smi,
     parse_rocm_smi,
 )
+from tests.helpers import memory_total_bytes
 
 MIB = 1024 * 1024
 DEADLINE = 10.0  # generous: a hang fails the test instead of stalling the suite
@@ -171,9 +173,9 @@ def printing_tool(directory: Path, name: str, output: str) -> Path:
 
 def assert_system_series(samples: dict[str, list[tuple[dict[str, str], float]]]) -> None:
     cores = sorted(int(labels["core"]) for labels, _ in samples["gpuproxy_cpu_util_percent"])
-    assert cores == list(range(psutil.cpu_count()))
+    assert cores == list(range(os.cpu_count()))
     assert all(0 <= v <= 100 for _, v in samples["gpuproxy_cpu_util_percent"])
-    assert samples["gpuproxy_memory_total_bytes"] == [({}, psutil.virtual_memory().total)]
+    assert samples["gpuproxy_memory_total_bytes"] == [({}, memory_total_bytes())]
     for name in ("gpuproxy_memory_used_bytes", "gpuproxy_memory_free_bytes",
                  "gpuproxy_swap_memory_total_bytes", "gpuproxy_swap_memory_used_bytes"):
         assert len(samples[name]) == 1 and samples[name][0][1] >= 0, name

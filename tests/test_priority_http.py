@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
-import httpx
 import pytest
 
 from tests.conftest import FAKE, free_port
@@ -38,31 +35,6 @@ def config(start: int, scheduler: str) -> str:
     """
 
 
-class Caller(threading.Thread):
-    """One chat request in the background; records when its answer completed."""
-
-    finished: list[str] = []
-    lock = threading.Lock()
-
-    def __init__(self, base: str, name: str, model: str, priority: str | None,
-                 hold: float = 0.0) -> None:
-        super().__init__(daemon=True)
-        self.base, self.name, self.model = base, name, model
-        self.headers = {"X-Fake-Hold": str(hold)}
-        if priority is not None:
-            self.headers["X-LlamaSwap-Priority"] = priority
-        self.status: int | None = None
-
-    def run(self) -> None:
-        with httpx.Client(base_url=self.base, trust_env=False, timeout=60) as h:
-            r = h.post("/v1/chat/completions", headers=self.headers, json={
-                "model": self.model, "max_tokens": 1,
-                "messages": [{"role": "user", "content": "x"}]})
-        self.status = r.status_code
-        with self.lock:
-            self.finished.append(self.name)
-
-
 def test_interactive_overtakes_queued_batch_under_serial(serve):
     start = free_port()
     proxy = serve(config(start, "serial"))
@@ -84,33 +56,30 @@ def test_interactive_overtakes_queued_batch_under_serial(serve):
 
 
 def test_unparseable_header_counts_as_zero(serve):
-    proxy = serve(config(free_port(), "serial"))
+    start = free_port()
+    proxy = serve(config(start, "serial"))
     assert proxy.http.post("/api/models/load/solo").status_code == 200
-    first = Caller(proxy.base, "first", "solo", None, hold=1.0)
-    first.start()
+    first = Chat(proxy.base, "solo", gate="first")
     wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
     # (surrounding spaces are unit-tested: HTTP clients strip them before they reach us)
-    callers = [Caller(proxy.base, "junk", "solo", "1e3"), Caller(proxy.base, "plus", "solo",
-                                                                  "+7")]
-    for c in callers:
-        c.start()
+    callers = [Chat(proxy.base, "solo", "1e3"), Chat(proxy.base, "solo", "+7")]
     q = wait_queue(proxy, lambda q: len(q["queued"]) == 2)
     assert [(w["priority"], w["band"]) for w in q["queued"]] == [(7, "normal"), (0, "normal")]
+    open_gate(start + 1, "first")  # solo sorts after other: the second port
     for c in [first, *callers]:
-        c.join(60)
-        assert c.status == 200  # a bad header is not an error
+        assert c.answered().status_code == 200  # a bad header is not an error
 
 
 def test_fifo_adds_the_header_to_the_model_priority(serve):
-    proxy = serve(config(free_port(), "fifo"))
+    start = free_port()
+    proxy = serve(config(start, "fifo"))
     assert proxy.http.post("/api/models/load/solo").status_code == 200
-    busy = Caller(proxy.base, "busy", "solo", None, hold=1.5)
-    busy.start()
+    busy = Chat(proxy.base, "solo", gate="busy")
     wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
     # other and third would evict busy `solo`: they queue, ordered by fifo priority + header
-    callers = [Caller(proxy.base, "o-batch", "other", "batch"),  # 5 - 100 = -95
-               Caller(proxy.base, "t-normal", "third", None),  # 0
-               Caller(proxy.base, "t-batch", "third", "-96")]  # -96
+    callers = [Chat(proxy.base, "other", "batch", start=False),  # 5 - 100 = -95
+               Chat(proxy.base, "third", None, start=False),  # 0
+               Chat(proxy.base, "third", "-96", start=False)]  # -96
     for n, c in enumerate(callers, 1):
         c.start()
         wait_queue(proxy, lambda q, n=n: len(q["queued"]) == n)
@@ -118,9 +87,9 @@ def test_fifo_adds_the_header_to_the_model_priority(serve):
     assert q["scheduler"] == "fifo"
     assert [(w["model"], w["priority"]) for w in q["queued"]] == [
         ("third", 0), ("other", -100), ("third", -96)]
+    open_gate(start + 1, "busy")
     for c in [busy, *callers]:
-        c.join(60)
-        assert c.status == 200
+        assert c.answered().status_code == 200
 
 
 def test_reimport_switches_the_scheduler_live_keeping_the_queue(serve, tmp_path):
@@ -137,13 +106,10 @@ def test_reimport_switches_the_scheduler_live_keeping_the_queue(serve, tmp_path)
     start = free_port()
     proxy = serve(config(start, "fifo"), extra_env={"GPUPROXY_RELOAD_SECONDS": "0.1"})
     assert proxy.http.post("/api/models/load/solo").status_code == 200
-    busy = Caller(proxy.base, "busy", "solo", None, hold=3)
-    busy.start()
+    busy = Chat(proxy.base, "solo", gate="busy")
     wait_queue(proxy, lambda q: q["in_flight"].get("solo") == 1)
-    waiting = [Caller(proxy.base, f"w{i}", m, p) for i, (m, p) in
-               enumerate([("other", "batch"), ("third", None), ("other", "interactive")])]
-    for c in waiting:
-        c.start()
+    waiting = [Chat(proxy.base, m, p) for m, p in
+               [("other", "batch"), ("third", None), ("other", "interactive")]]
     wait_queue(proxy, lambda q: len(q["queued"]) == 3 and q["scheduler"] == "fifo")
 
     new = tmp_path / "serial.yaml"
@@ -155,6 +121,6 @@ def test_reimport_switches_the_scheduler_live_keeping_the_queue(serve, tmp_path)
     q = wait_queue(proxy, lambda q: q["scheduler"] == "serial")
     assert sorted(w["model"] for w in q["queued"]) == ["other", "other", "third"]
     assert q["queued"][0]["band"] == "interactive"  # ranked by score now
+    open_gate(start + 1, "busy")  # only now: the switch happened with all three waiting
     for c in [busy, *waiting]:
-        c.join(60)
-        assert c.status == 200
+        assert c.answered().status_code == 200

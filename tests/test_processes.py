@@ -362,7 +362,8 @@ async def test_stop_during_start_aborts_it(make: Make, port: int) -> None:
 async def test_start_during_stop_waits_then_starts(make: Make, port: int) -> None:
     """llama-swap #946: a request arriving during an unload used to hang forever."""
     seen = Recorder()
-    proc = make(fake_spec(port, "--ignore-sigterm"), seen)
+    # unload_timeout: closing this SIGTERM-deaf fake at teardown waits that long before SIGKILL
+    proc = make(fake_spec(port, "--ignore-sigterm", unload_timeout=1), seen)
     await asyncio.wait_for(proc.ensure_ready(), DEADLINE)
     first = proc.pid
     assert first is not None
