@@ -5,6 +5,7 @@ that lands asynchronously in another process)."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -132,3 +133,13 @@ class Chat(threading.Thread):
         self.join(within)
         assert self.response is not None, f"no answer for {self.model} within {within} s"
         return self.response
+
+
+def tool(command: str, package: str) -> str:
+    """The path of a program a test drives; never a skip when it is missing, since then what
+    it checks would go unchecked while the suite passes."""
+    path = shutil.which(command)
+    if path is None:
+        pytest.fail(f"{command} is not on PATH: `make test` installs it "
+                    f"(scripts/ensure-test-tools), or run: apt-get install -y {package}")
+    return path

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from scheduling.guarantees import (
     parse_number,
     problems,
 )
+from tests.helpers import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "scheduling" / "static" / "scheduling" / "guarantees.js"
@@ -359,12 +359,7 @@ process.stdout.write(JSON.stringify({
 
 
 def node() -> str:
-    """Never a skip: without node the mirror would go unchecked while the suite passes."""
-    path = shutil.which("node")
-    if path is None:
-        pytest.fail("node is not on PATH: `make test` installs it (scripts/ensure-test-tools), "
-                    "or run: apt-get install -y nodejs")
-    return path
+    return tool("node", "nodejs")
 
 
 def test_the_javascript_mirror_renders_the_same_text():

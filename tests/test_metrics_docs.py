@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FAKE, free_port
+from tests.helpers import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docs" / "grafana" / "gpuproxy.json"
@@ -137,11 +137,7 @@ def test_rules_file_is_the_documented_block() -> None:
 
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.fail("promtool is not on PATH: `make test` installs it (scripts/ensure-test-tools), "
-                    "or run: apt-get install -y prometheus")
-    return found
+    return tool("promtool", "prometheus")
 
 
 def test_promtool_accepts_the_rules_and_the_dashboard_queries(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ token, and answers a query for the queue depth per band."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,16 +12,14 @@ import httpx
 import pytest
 
 from tests.conftest import FAKE, free_port
+from tests.helpers import tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("the prometheus binary is missing: `make test` installs it "
-                    "(scripts/ensure-test-tools), or run: apt-get install -y prometheus")
+    binary = tool("prometheus", "prometheus")
     procs: list[subprocess.Popen] = []
 
     def start(target: str, token: str) -> str:
