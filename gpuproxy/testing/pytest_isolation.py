@@ -34,14 +34,10 @@ _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 _deselected: list[str] = []
 
 
-def _engine() -> str:
+def _on_postgresql() -> bool:
     from django.conf import settings
 
-    return settings.DATABASES["default"]["ENGINE"]
-
-
-def _on_postgresql() -> bool:
-    return _engine().endswith("postgresql")
+    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
 def pytest_configure(config: pytest.Config) -> None:
