@@ -104,11 +104,11 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
 class ModelDefinitionAdmin(admin.ModelAdmin):
     # "live_state" is replaced per request by a column that reads the proxy once per page
     list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
-                    "concurrency_limit", "parallel")
+                    "concurrency_limit", "slots")
     list_filter = ("enabled", "group")
     search_fields = ("model_id", "name", "description")
     list_select_related = ("group",)
-    readonly_fields = ("live_state",)
+    readonly_fields = ("live_state", "slots")
     actions = ("load_models", "unload_models", "restart_models")
     fieldsets = (
         ("Identity", {"fields": ("model_id", "live_state", "enabled", "name", "description",
@@ -120,7 +120,7 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
                            "runs as: only staff with the change permission can. After a save, "
                            "the process restarts with the new definition as soon as it is "
                            "idle."}),
-        ("Requests and scheduling", {"fields": ("concurrency_limit", "parallel",
+        ("Requests and scheduling", {"fields": ("concurrency_limit", "parallel", "slots",
                                                 "send_loading_state", "fifo_priority")}),
         ("Filters", {"fields": ("use_model_name", "strip_params", "set_params",
                                 "set_params_by_id")}),
@@ -146,6 +146,16 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
         # one read of the proxy for the whole page, not one per row
         request._gpuproxy_live = LiveView.read()
         return super().changelist_view(request, extra_context)
+
+    @admin.display(description="slots")
+    def slots(self, obj: ModelDefinition | None) -> str:
+        """What the serial scheduler sends the upstream at once, and why: an empty `parallel`
+        is read from cmd, and a wrong reading would idle slots or queue requests upstream,
+        out of priority's reach, so the admin shows it next to the field."""
+        if obj is None or obj.pk is None:
+            return "read from cmd when saved, unless parallel is set"
+        slots = obj.slots
+        return f"{slots.parallel} · {slots.source}"
 
     @admin.display(description="live state")
     def live_state(self, obj: ModelDefinition | None) -> str | SafeString:
@@ -256,7 +266,12 @@ class ProxySettingsAdmin(admin.ModelAdmin):
         ("Queue", {"fields": ("max_waiting", "max_waiting_interactive", "max_waiting_normal",
                               "max_waiting_batch", "queue_timeout"),
                    "description": "Bounds on waiting requests: beyond a cap, 429 queue_full; "
-                                  "past its deadline, 503 queue_timeout."}),
+                                  "past its deadline, 503 queue_timeout. Under serial, a model "
+                                  "without a concurrencyLimit of its own has no cap beyond "
+                                  "these, so all of them can wait on one model; a model's "
+                                  "explicit concurrencyLimit still applies (429 "
+                                  "concurrency_limit), and fifo keeps llama-swap's 10 per "
+                                  "model."}),
         ("Listing", {"fields": ("include_aliases_in_list",)}),
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),

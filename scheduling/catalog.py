@@ -25,8 +25,8 @@ class CatalogModel:
     description: str = ""
     aliases: tuple[str, ...] = ()
     unlisted: bool = False
-    concurrency_limit: int = 10
-    parallel: int = 1
+    concurrency_limit: int = 0  # as written; 0 = not set (the scheduler applies its default)
+    parallel: int = 1  # the upstream's slots: `parallel` if written, else read from the command
     ttl: int = 0  # effective idle TTL in seconds, 0 = never
     fifo_priority: int = 0
     use_model_name: str = ""
@@ -132,8 +132,8 @@ def build_catalog() -> Catalog:
             description=d.description,
             aliases=tuple(d.aliases),
             unlisted=d.unlisted,
-            concurrency_limit=d.effective_concurrency_limit,
-            parallel=d.parallel,
+            concurrency_limit=d.concurrency_limit,
+            parallel=d.slots.parallel,
             ttl=int(spec.ttl),
             fifo_priority=d.fifo_priority,
             use_model_name=d.use_model_name,

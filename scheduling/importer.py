@@ -42,6 +42,7 @@ from scheduling.models import (
     hash_key,
     key_prefix,
 )
+from scheduling.slots import Slots, derive_parallel
 
 # Model field -> where it lives in the YAML, for ConfigError paths.
 _MODEL_PATHS = {
@@ -77,7 +78,8 @@ _KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix"}
 
 @dataclass(frozen=True)
 class ImportReport:
-    """What an import did: the file's row counts, rows written and deleted, and warnings."""
+    """What an import did: the file's row counts, rows written and deleted, warnings, and the
+    slots read from each command where the file sets no `parallel` (by model id)."""
 
     models: int
     groups: int
@@ -86,6 +88,7 @@ class ImportReport:
     deleted: int
     warnings: tuple[str, ...]
     dry_run: bool = False
+    derived_slots: tuple[tuple[str, Slots], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -95,7 +98,18 @@ class ImportReport:
         verb = "would import" if self.dry_run else "imported"
         line = (f"{verb} {_count(self.models, 'model')}, {_count(self.groups, 'group')}, "
                 f"{_count(self.api_keys, 'api key')} from {source}")
-        return line + " (dry run: nothing changed)" if self.dry_run else line
+        if self.dry_run:
+            line += " (dry run: nothing changed)"
+        if not self.derived_slots:
+            return line
+        # The scheduler sends a model this many requests at once: a wrong guess either idles
+        # slots or hands the upstream a queue of its own, so the import says what it read.
+        return "\n".join([
+            line,
+            "slots (requests each upstream serves at once), from cmd where `parallel` is not "
+            "set:",
+            *(f"  {model_id}: {slots.parallel} ({slots.source})"
+              for model_id, slots in self.derived_slots)])
 
 
 def _count(n: int, noun: str) -> str:
@@ -187,9 +201,13 @@ class _Import:
         groups = self.groups()
         self.models(groups)
         keys = self.api_keys()
+        derived = tuple((m.model_id, derive_parallel(m.cmd, m.env))
+                        for m in sorted(parsed.models, key=lambda m: m.model_id)
+                        if m.parallel is None)
         return ImportReport(models=len(parsed.models), groups=len(parsed.groups), api_keys=keys,
                             written=self.written, deleted=self.deleted,
-                            warnings=tuple(parsed.warnings), dry_run=dry_run)
+                            warnings=tuple(parsed.warnings), dry_run=dry_run,
+                            derived_slots=derived)
 
     def save(self, instance: models.Model, changed: bool) -> None:
         if changed:
@@ -354,7 +372,7 @@ def _export_model(m: ModelDefinition) -> dict[str, Any]:
         ("unlisted", m.unlisted, False),
         ("useModelName", m.use_model_name, ""),
         ("concurrencyLimit", m.concurrency_limit, 0),
-        ("parallel", m.parallel, 1),
+        ("parallel", m.parallel, None),  # a derived one stays the command's
         ("sendLoadingState", m.send_loading_state, None),
         ("enabled", m.enabled, True),
         ("vllmPriority", m.vllm_priority, False),

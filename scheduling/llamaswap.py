@@ -114,7 +114,7 @@ class ParsedModel:
     unlisted: bool = False
     use_model_name: str = ""
     concurrency_limit: int = 0
-    parallel: int = 1
+    parallel: int | None = None  # not written: the importer reads it from cmd (slots.py)
     strip_params: str = ""
     set_params: dict[str, Any] = field(default_factory=dict)
     set_params_by_id: dict[str, Any] = field(default_factory=dict)
@@ -984,7 +984,8 @@ class _Parser:
             use_model_name=self.text(values.get("useModelName"), at("useModelName")),
             concurrency_limit=self.integer(values.get("concurrencyLimit"),
                                            at("concurrencyLimit"), 0, minimum=0),
-            parallel=self.integer(values.get("parallel"), at("parallel"), 1, minimum=1),
+            parallel=None if values.get("parallel") is None else self.integer(
+                values["parallel"], at("parallel"), 1, minimum=1),
             strip_params=filters[0],
             set_params=filters[1],
             set_params_by_id=filters[2],

@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from gpuproxy.spec import UpstreamSpec, split_command
+from scheduling.slots import Slots, resolve_parallel
 
 MODEL_ID_MAX = 255
 DEFAULT_CONCURRENCY_LIMIT = 10
@@ -103,13 +104,17 @@ class ModelDefinition(models.Model):
         max_length=255, blank=True,
         help_text="`useModelName`: the `model` value sent upstream instead of the id.")
     concurrency_limit = models.PositiveIntegerField(
-        default=0, help_text="`concurrencyLimit`: requests admitted at once (queued + served); "
-                             f"0 = {DEFAULT_CONCURRENCY_LIMIT}; more get 429.")
+        default=0,
+        help_text="`concurrencyLimit`: requests admitted at once (queued + served); more get "
+                  "429. 0 = not set: under serial no cap of its own (the queue caps in the "
+                  f"proxy settings bound it); under fifo llama-swap's {DEFAULT_CONCURRENCY_LIMIT}.")
     parallel = models.PositiveIntegerField(
-        default=1,
-        help_text="`parallel` (gpuproxy): requests the upstream serves at once (its slots, "
-                  "llama-server -np); the rest wait in the proxy, where priority orders them. "
-                  "At least 1.")
+        null=True, blank=True,
+        help_text="`parallel` (gpuproxy): requests the upstream serves at once (its slots); "
+                  "the rest wait in the proxy, where priority orders them. Empty = read from "
+                  "cmd: llama-server's -np (without it, llama-server's auto: 4 slots), vLLM's "
+                  "--max-num-seqs, SGLang's --max-running-requests, else 1; \"slots\" shows "
+                  "the number and where it came from. At least 1 when set.")
     strip_params = models.CharField(
         max_length=1000, blank=True,
         help_text="`filters.stripParams`: comma-separated request keys removed before the "
@@ -178,8 +183,9 @@ class ModelDefinition(models.Model):
             errors["ttl"] = "The ttl must be -1 (global), 0 (never) or a number of seconds."
         if self.unload_timeout < 0:
             errors["unload_timeout"] = "The unload timeout cannot be negative."
-        if self.parallel < 1:
-            errors["parallel"] = "parallel must be at least 1."
+        if self.parallel is not None and self.parallel < 1:
+            errors["parallel"] = ("parallel must be at least 1 (0 would refuse every request); "
+                                  "leave it empty to read it from cmd.")
         if not isinstance(self.aliases, list) or not all(
                 isinstance(a, str) and a.strip() for a in self.aliases):
             errors["aliases"] = "Aliases must be a list of non-empty strings."
@@ -213,8 +219,12 @@ class ModelDefinition(models.Model):
                                                   f"model {other.model_id!r}."})
 
     @property
-    def effective_concurrency_limit(self) -> int:
-        return self.concurrency_limit or DEFAULT_CONCURRENCY_LIMIT
+    def slots(self) -> Slots:
+        """The requests its upstream serves at once, and where that number comes from: the
+        `parallel` written here, else the command (scheduling/slots.py). Read on every use, so
+        an edited cmd is followed without anyone copying a number."""
+        env = self.env if isinstance(self.env, list) else []
+        return resolve_parallel(self.parallel, self.cmd, [e for e in env if isinstance(e, str)])
 
     def env_dict(self) -> dict[str, str]:
         return dict(entry.split("=", 1) for entry in self.env)
@@ -299,7 +309,8 @@ class ProxySettings(models.Model):
         default=DEFAULT_MAX_WAITING,
         help_text="`queue.maxWaiting` (gpuproxy): requests that may wait at once (queued or "
                   "behind a model load), all bands together; beyond it, 429 queue_full. "
-                  "0 = no cap. The default lets a batch of 10,000 queue on an idle box.")
+                  "0 = no cap. The default lets a batch of 10,000 queue on an idle box, on one "
+                  "model too: under serial a model's unset concurrencyLimit adds no cap.")
     max_waiting_interactive = models.PositiveIntegerField(
         default=0, help_text="`queue.maxWaitingPerBand.interactive`: 0 = no band cap.")
     max_waiting_normal = models.PositiveIntegerField(

@@ -189,6 +189,45 @@ def test_a_valid_model_is_added(client):
 
 
 @pytest.mark.django_db
+def test_a_model_added_without_parallel_gets_its_slots_from_cmd_and_shows_where(client):
+    r = add_model(client, model_id="coder", cmd="llama-server --port 5800 -np 3")
+    assert r.status_code == 302, r.context["adminform"].form.errors
+    coder = ModelDefinition.objects.get(model_id="coder")
+    assert coder.parallel is None  # not set: the command decides, now and after an edit
+    assert build_catalog().models["coder"].parallel == 3
+    page = page_text(client.get(reverse("admin:scheduling_modeldefinition_change",
+                                        args=[coder.pk])))
+    slots = re.search(r'<div class="readonly">(3 · `-np 3` in cmd)</div>', page)
+    assert slots, "the change page does not show the derived slots and their source"
+    listing = page_text(client.get(reverse(MODEL_LIST)))
+    assert re.search(r'<td class="field-slots">3 · `-np 3` in cmd</td>', listing)
+
+
+@pytest.mark.django_db
+def test_a_model_added_with_parallel_keeps_it_and_says_so(client):
+    r = add_model(client, model_id="pinned", cmd="llama-server --port 5800", parallel="2")
+    assert r.status_code == 302, r.context["adminform"].form.errors
+    pinned = ModelDefinition.objects.get(model_id="pinned")
+    assert pinned.parallel == 2 and build_catalog().models["pinned"].parallel == 2
+    listing = page_text(client.get(reverse(MODEL_LIST)))
+    assert re.search(r'<td class="field-slots">2 · `parallel` set explicitly</td>', listing)
+
+
+@pytest.mark.django_db
+def test_the_settings_page_says_what_bounds_a_models_queue(client, settings_url):
+    """No per-model cap under serial unless concurrencyLimit is set: the 20,000 the page
+    promises is the cap, and it says so (llama-swap's 10 only under fifo)."""
+    text = " ".join(page_text(client.get(settings_url)).split())
+    assert ("Under serial, a model without a concurrencyLimit of its own has no cap beyond "
+            "these") in text
+    assert "fifo keeps llama-swap's 10 per model" in text
+    # the panel's times are about when requests start; several slots start several at once
+    assert ("A model with several slots (its parallel, or what its cmd gives: llama-server's "
+            "-np, 4 when absent; the model page shows it) starts up to that many requests at "
+            "once") in text
+
+
+@pytest.mark.django_db
 def test_an_unbalanced_quote_in_cmd_is_refused_with_the_clean_message(client):
     r = add_model(client, cmd='llama-server --model "/models/a b.gguf')
     assert r.status_code == 200

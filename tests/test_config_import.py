@@ -17,6 +17,7 @@ import yaml
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from scheduling.catalog import build_catalog
 from scheduling.importer import export_config, export_yaml, import_config, load_file
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
@@ -105,6 +106,7 @@ def test_the_fixture_imports_with_the_values_it_spells_out():
     assert llama.capabilities == {"in": ["text", "image"], "out": ["text"], "tools": True,
                                   "context": 8192}
     assert (llama.parallel, llama.stream_idle_timeout, llama.fifo_priority) == (2, 120, 10)
+    assert llama.slots.parallel == 2  # written in the file: kept, whatever cmd says
     assert (llama.send_loading_state, llama.enabled, llama.unlisted) == (None, True, False)
     assert llama.group is None
 
@@ -121,7 +123,9 @@ def test_the_fixture_imports_with_the_values_it_spells_out():
         "qwen-coder:think": {"chat_template_kwargs": {"enable_thinking": True}},
     }
     assert qwen.aliases == ["qwen-coder:think"]  # every setParamsByID key but its own id
-    assert (qwen.ttl, qwen.parallel, qwen.fifo_priority) == (-1, 1, 5)
+    # No `parallel` in the file: not set in the database, and 4 from the command's `-np 4`.
+    assert (qwen.ttl, qwen.parallel, qwen.fifo_priority) == (-1, None, 5)
+    assert (qwen.slots.parallel, qwen.slots.source) == (4, "`-np 4` in cmd")
     assert qwen.group.group_id == "coders"
 
     embed = models["embed"]
@@ -130,6 +134,8 @@ def test_the_fixture_imports_with_the_values_it_spells_out():
     assert (embed.unlisted, embed.ttl, embed.port) == (True, 0, 9100)
     assert embed.capabilities == {"in": ["text"], "out": ["text"], "reranker": False}
     assert embed.group.group_id == "always-on"
+    # llama-server with no -np: its own default, auto, is 4 slots (llama.cpp b11549)
+    assert (embed.parallel, embed.slots.parallel) == (None, 4)
 
     vllm = models["vllm-32b"]
     assert vllm.cmd == ("docker run --rm --name vllm-32b --gpus all -p 9103:8000 "
@@ -139,6 +145,7 @@ def test_the_fixture_imports_with_the_values_it_spells_out():
     assert (vllm.proxy, vllm.port) == ("http://127.0.0.1:9103", 9103)
     assert (vllm.vllm_priority, vllm.enabled) == (True, False)
     assert vllm.group.group_id == "coders"
+    assert (vllm.parallel, vllm.slots.parallel) == (None, 8)  # --max-num-seqs 8
 
     whisper = models["whisper"]
     assert whisper.cmd == "/opt/whisper.cpp/whisper-server --host 127.0.0.1 --port 9300"
@@ -147,6 +154,7 @@ def test_the_fixture_imports_with_the_values_it_spells_out():
     assert whisper.check_endpoint == "none"
     assert whisper.env == ["HF_TOKEN=hf_abc"]
     assert whisper.group.group_id == "always-on"
+    assert (whisper.parallel, whisper.slots.parallel) == (None, 1)  # not a server we know
 
     groups = {g.group_id: g for g in ModelGroup.objects.all()}
     assert sorted(groups) == ["always-on", "coders"]
@@ -316,6 +324,41 @@ def test_export_then_import_gives_identical_rows():
     assert snapshot() == before
 
 
+def test_export_writes_an_explicit_parallel_and_leaves_a_derived_one_out():
+    """A derived number is the command's: writing it would freeze it, and a later -np change
+    would no longer reach the scheduler. An explicit one, even 1, stays explicit."""
+    apply("""
+        models:
+          derived: {cmd: "llama-server --port ${PORT} -np 3"}
+          pinned: {cmd: "llama-server --port ${PORT} -np 3", parallel: 1}
+        """)
+    models = export_config()["models"]
+    assert "parallel" not in models["derived"]
+    assert models["pinned"]["parallel"] == 1
+    before = snapshot()
+    report = import_config(parse_config(export_yaml(), {}))
+    assert (report.written, report.deleted) == (0, 0)
+    assert snapshot() == before
+    rows = {m.model_id: m for m in ModelDefinition.objects.all()}
+    assert (rows["derived"].parallel, rows["derived"].slots.parallel) == (None, 3)
+    assert (rows["pinned"].parallel, rows["pinned"].slots.parallel) == (1, 1)
+
+
+def test_the_catalog_serves_the_derived_slots_and_the_raw_concurrency_limit():
+    """What the scheduler is told for the fixture: slots from each command where `parallel`
+    is not written; concurrencyLimit as written (0 = unset: the scheduler decides, 10 under
+    fifo, no cap of its own under serial)."""
+    import_fixture()
+    catalog = build_catalog()
+    assert {m: c.parallel for m, c in catalog.models.items()} == {
+        "llama-8b": 2, "qwen-coder": 4, "embed": 4, "whisper": 1}  # vllm-32b is disabled
+    assert {m: c.concurrency_limit for m, c in catalog.models.items()} == {
+        "llama-8b": 0, "qwen-coder": 6, "embed": 0, "whisper": 0}
+    config = catalog.scheduler_config()
+    assert (config.models["qwen-coder"].parallel, config.models["qwen-coder"].concurrency_limit,
+            config.models["embed"].concurrency_limit) == (4, 6, 0)
+
+
 @pytest.mark.parametrize(("every", "exported", "seconds"), [
     ("1m30s", "90s", 90.0), ("2.5s", "2.5s", 2.5), ("1.1s", "1.1s", 1.1)])
 def test_performance_every_survives_export_and_import(every, exported, seconds):
@@ -403,16 +446,36 @@ def test_import_command_prints_warnings_then_a_summary(tmp_path):
     assert err.splitlines() == [
         "warning: logLevel: not supported by gpuproxy; ignored (set GPUPROXY_LOG_LEVEL "
         "instead)"]
-    assert out.strip() == f"imported 2 models, 1 group, 0 api keys from {path}"
+    assert out.splitlines() == [
+        f"imported 2 models, 1 group, 0 api keys from {path}",
+        "slots (requests each upstream serves at once), from cmd where `parallel` is not set:",
+        "  a: 1 (not llama-server, vLLM or SGLang: 1 (set `parallel` to the server's slots))",
+        "  b: 1 (not llama-server, vLLM or SGLang: 1 (set `parallel` to the server's slots))"]
     assert ModelDefinition.objects.count() == 2
+
+
+def test_import_command_says_which_slots_it_derived_and_from_what(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("models:\n"
+                    "  coder: {cmd: 'llama-server --port ${PORT} -np 4'}\n"
+                    "  chat: {cmd: 'llama-server --port ${PORT}'}\n"
+                    "  big: {cmd: 'vllm serve big --max-num-seqs 8'}\n"
+                    "  pinned: {cmd: 'llama-server --port ${PORT}', parallel: 2}\n",
+                    encoding="utf-8")
+    out, _ = run("import_config", str(path))
+    assert out.splitlines()[1:] == [
+        "slots (requests each upstream serves at once), from cmd where `parallel` is not set:",
+        "  big: 8 (`--max-num-seqs 8` in cmd)",
+        "  chat: 4 (llama-server's default: -np auto = 4 slots)",
+        "  coder: 4 (`-np 4` in cmd)"]
 
 
 def test_import_command_dry_run_changes_nothing(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("apiKeys: [sk-a]\nmodels:\n  a: {cmd: s}\n", encoding="utf-8")
     out, _ = run("import_config", str(path), "--dry-run")
-    assert out.strip() == (f"would import 1 model, 0 groups, 1 api key from {path} "
-                           "(dry run: nothing changed)")
+    assert out.splitlines()[0] == (f"would import 1 model, 0 groups, 1 api key from {path} "
+                                   "(dry run: nothing changed)")
     assert not ModelDefinition.objects.exists() and not ApiKey.objects.exists()
 
 

@@ -374,7 +374,9 @@ def test_model_defaults_and_gpuproxy_extensions():
             ttl: 0
         """)
     plain, tuned = model(parsed, "plain"), model(parsed, "tuned")
-    assert (plain.ttl, plain.parallel, plain.enabled, plain.concurrency_limit) == (-1, 1, True, 0)
+    # parallel not written stays None: the importer derives it from cmd (scheduling/slots.py)
+    assert (plain.ttl, plain.parallel, plain.enabled, plain.concurrency_limit) == (-1, None,
+                                                                                   True, 0)
     assert plain.send_loading_state is None
     assert plain.check_endpoint == "/health"
     assert (tuned.parallel, tuned.enabled, tuned.send_loading_state, tuned.ttl) == (4, False,

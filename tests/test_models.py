@@ -106,3 +106,62 @@ def test_spec_resolution_uses_globals():
     assert spec.env == {"A": "1", "B": "x=y"}
     m.ttl = 0
     assert m.to_upstream_spec(settings, port=1).ttl == 0
+
+
+def test_parallel_is_empty_by_default_and_at_least_1_when_set():
+    """Empty (None) means "derive it from cmd"; a number is the upstream's slots, so 0 would
+    refuse every request for good."""
+    fresh = model()
+    assert fresh.parallel is None
+    fresh.full_clean()
+    assert "at least 1" in errors(model(parallel=0))["parallel"][0]
+    model(parallel=1).full_clean()
+
+
+def test_a_model_saved_without_parallel_gets_the_slots_of_its_command():
+    """As a model created in the admin: nothing written in `parallel`, and the catalog the
+    scheduler reads serves -np's 3, or LLAMA_ARG_N_PARALLEL's 5, or llama-server's auto 4."""
+    from scheduling.catalog import build_catalog
+
+    model(model_id="np", cmd="llama-server --port ${PORT} -np 3").save()
+    model(model_id="env", cmd="llama-server --port ${PORT}",
+          env=["LLAMA_ARG_N_PARALLEL=5"]).save()
+    model(model_id="auto", cmd="llama-server --port ${PORT}").save()
+    model(model_id="pinned", cmd="llama-server --port ${PORT} -np 3", parallel=1).save()
+    rows = {m.model_id: m for m in ModelDefinition.objects.all()}
+    assert {m: r.parallel for m, r in rows.items()} == {
+        "np": None, "env": None, "auto": None, "pinned": 1}
+    assert {m: (r.slots.parallel, r.slots.source) for m, r in rows.items()} == {
+        "np": (3, "`-np 3` in cmd"),
+        "env": (5, "LLAMA_ARG_N_PARALLEL=5 in env"),
+        "auto": (4, "llama-server's default: -np auto = 4 slots"),
+        "pinned": (1, "`parallel` set explicitly")}
+    assert {m: c.parallel for m, c in build_catalog().models.items()} == {
+        "np": 3, "env": 5, "auto": 4, "pinned": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_makes_the_old_default_follow_the_command():
+    """Before 0007 an unset parallel was stored as 1: those become empty (read from cmd), so
+    an existing `-np 2` model gets its two slots; any other number stays as written."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("scheduling", "0006_queue_caps")], [
+        ("scheduling", "0007_parallel_derived_from_cmd")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old = executor.loader.project_state(before).apps.get_model("scheduling",
+                                                                   "ModelDefinition")
+        for model_id, parallel in (("was-default", 1), ("written", 3)):
+            old.objects.create(model_id=model_id, cmd="llama-server -np 2",
+                               proxy="http://127.0.0.1:1", parallel=parallel)
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+    finally:
+        MigrationExecutor(connection).migrate(
+            MigrationExecutor(connection).loader.graph.leaf_nodes())
+    rows = {m.model_id: m for m in ModelDefinition.objects.all()}
+    assert {m: r.parallel for m, r in rows.items()} == {"was-default": None, "written": 3}
+    assert rows["was-default"].slots.parallel == 2

@@ -10,7 +10,8 @@ import pytest
                                     "gpuproxy.spec", "scheduling.core.fifo",
                                     "scheduling.core.priority", "scheduling.core.serial",
                                     "scheduling.core.stats", "scheduling.core.handover",
-                                    "scheduling.core.policies", "scheduling.core.ledger"])
+                                    "scheduling.core.policies", "scheduling.core.ledger",
+                                    "scheduling.slots"])
 def test_pure_module_imports_without_django(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('django', 'asyncio') if m in sys.modules]; "

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 from scheduling.core.swapper import GroupSwapper
 
-DEFAULT_CONCURRENCY_LIMIT = 10
+DEFAULT_CONCURRENCY_LIMIT = 10  # llama-swap's, for an unset concurrencyLimit under fifo
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT  # admitted at once: queued + served
+    # Admitted at once, queued + served, beyond which 429; 0 = not set: fifo applies
+    # llama-swap's 10, serial no cap of its own (the queue caps bound it). See ledger.limit_of.
+    concurrency_limit: int = 0
     parallel: int = 1  # requests the upstream serves at once (its slots)
     fifo_priority: int = 0  # routing.scheduler.settings.fifo.priority
     # What the running process was started from (its command, env, URL...): when it changes

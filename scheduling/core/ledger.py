@@ -30,9 +30,18 @@ class InvariantViolation(AssertionError):
     twice. Raised, not asserted, so `python -O` keeps the check."""
 
 
-def limit_of(mc: ModelConfig) -> int:
-    """A model's admission limit; 0 (unset) means the default, as in llama-swap."""
-    return mc.concurrency_limit if mc.concurrency_limit > 0 else DEFAULT_CONCURRENCY_LIMIT
+def limit_of(mc: ModelConfig, scheduler: str) -> int | None:
+    """A model's admission cap (queued + waiting + serving), or None for no cap of its own.
+
+    An explicit `concurrencyLimit` always applies. Unset (0) is llama-swap's 10 under fifo,
+    whose semantics stay exactly llama-swap's (`fifo.go`: `defaultConcurrencyLimit` unless
+    ConcurrencyLimit > 0). Under serial it is no cap: llama-swap's 10 exists because it
+    forwards every admitted request to the upstream, while serial keeps all but `parallel`
+    in its own queue, which `max_waiting` and the band caps bound.
+    """
+    if mc.concurrency_limit > 0:
+        return mc.concurrency_limit
+    return DEFAULT_CONCURRENCY_LIMIT if scheduler == "fifo" else None
 
 
 class Ledger:
@@ -126,7 +135,7 @@ class Ledger:
     def _admit(self, req: Request) -> bool:
         """Admission, the same for every policy. In order: an unknown model →
         ModelNotFound (404), nothing reserved; after shutdown → ShuttingDown (503); the model
-        already holds `concurrency_limit` slots (queued + waiting + serving) →
+        already holds its cap (`limit_of`) of slots (queued + waiting + serving) →
         ConcurrencyLimit (429, Retry-After: 1); the queue, or the request's band of it, already
         holds its cap of waiting requests → QueueFull (429, Retry-After: 5); otherwise
         reserve a slot and return True."""
@@ -139,8 +148,8 @@ class Ledger:
         if self._shut_down:
             self._fx.grant_error(req, ShuttingDown())
             return False
-        limit = limit_of(mc)
-        if self.reserved(req.model) >= limit:
+        limit = limit_of(mc, self._config.scheduler)
+        if limit is not None and self.reserved(req.model) >= limit:
             self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
             return False
         cap = self._config.max_waiting
