@@ -50,6 +50,11 @@ class RequestLog(models.Model):
                               help_text="API key name, else the remote address")
     user_agent = models.CharField(max_length=512, blank=True)
     error = models.TextField(blank=True)
+    # db_default too: rows written by another client (an older writer, a script) get 0. No
+    # CHECK (>= 0): adding one would scan the whole table in the migration.
+    upstream_retries = models.SmallIntegerField(
+        default=0, db_default=0, help_text="times the request was sent again on a fresh "
+        "connection because its reused one was closed before the upstream read it")
 
     class Meta:
         db_table = "activity_requestlog"

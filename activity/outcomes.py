@@ -15,6 +15,7 @@ CANCELLED_INFLIGHT = "cancelled_inflight"
 CANCELLED_BY_ADMIN = "cancelled_by_admin"
 START_FAILED = "start_failed"
 UPSTREAM_DIED = "upstream_died"
+UPSTREAM_STOPPED = "upstream_stopped"
 BAD_REQUEST = "bad_request"
 UNKNOWN_MODEL = "unknown_model"
 UNAUTHORIZED = "unauthorized"
@@ -32,6 +33,8 @@ DESCRIPTIONS: dict[str, str] = {
     CANCELLED_BY_ADMIN: "an operator cancelled it from the dashboard while it was being served",
     START_FAILED: "the model's server could not be started (or never became ready)",
     UPSTREAM_DIED: "the model's server died or dropped the connection while answering",
+    UPSTREAM_STOPPED: "the model's server was stopped (an unload, a restart or the proxy's "
+                      "shutdown) while answering",
     BAD_REQUEST: "the request was malformed (bad JSON, no model, body too large)",
     UNKNOWN_MODEL: "the requested model is not defined (404)",
     UNAUTHORIZED: "no or a wrong API key (401)",

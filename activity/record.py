@@ -29,7 +29,7 @@ class RequestRecord:
     __slots__ = ("_anchor", "bytes_out", "client", "dispatch", "dispatched", "error", "finished",
                  "first_byte", "method", "model", "model_requested", "outcome", "path",
                  "priority", "received", "request_id", "scheduler", "status_code", "stream",
-                 "swap_s", "usage", "user_agent")
+                 "swap_s", "upstream_retries", "usage", "user_agent")
 
     def __init__(self, method: str, path: str, client: str, user_agent: str) -> None:
         now = time.monotonic()
@@ -55,6 +55,7 @@ class RequestRecord:
         self.error = ""
         self.usage: Any = None  # activity.usage.Usage once the response was parsed
         self.bytes_out = 0  # response body bytes relayed so far (the dashboard shows it)
+        self.upstream_retries = 0  # sends repeated on a fresh connection (consumers.relay)
 
     def fail(self, status: int, outcome: str, error: str) -> None:
         self.status_code = status
@@ -104,4 +105,5 @@ class RequestRecord:
             "client": self.client,
             "user_agent": self.user_agent,
             "error": self.error,
+            "upstream_retries": self.upstream_retries,
         }

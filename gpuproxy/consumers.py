@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -42,9 +43,9 @@ from gpuproxy.inference import (
     apply_filters,
     parse,
 )
-from gpuproxy.processes import State
+from gpuproxy.processes import State, UpstreamProcess
 from gpuproxy.run_loop import Waiting
-from scheduling.catalog import Catalog
+from scheduling.catalog import Catalog, CatalogModel
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -73,6 +74,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
 _CONTROL_IN_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", for the activity log
+# A close-delimited body (no Content-Length, not chunked) that ended with its process exiting
+# within this long was cut by the death, not complete; a live upstream's costs this wait.
+CLOSE_DELIMITED_GRACE = 0.25
+# How long a failed request waits for its upstream's exit to show, to say "died" rather than
+# "closed the connection" (the failure path only).
+EXIT_GRACE = 0.05
 
 _OUTCOME_OF = {
     ModelNotFound: outcomes.UNKNOWN_MODEL,
@@ -109,6 +116,10 @@ class ProxyConsumer(AsyncHttpConsumer):
         self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
         self.rec: RequestRecord | None = None
         self._cancelled_by_admin = False
+        # headers never sent upstream: hop-by-hop ones, and the proxy's own credential once
+        # a gpuproxy API key let the request in (`relay.credential_drop`)
+        self._drop = relay.HOP_BY_HOP
+        self._streams = False  # the request asks for a streamed answer
 
     @cached_property
     def headers(self) -> dict[bytes, bytes]:
@@ -170,7 +181,10 @@ class ProxyConsumer(AsyncHttpConsumer):
         except Exception as exc:
             logger.exception("proxy error on %s %s", self.scope["method"], self.scope["path"])
             if self.rec is not None:
-                self.rec.fail(500, outcomes.UPSTREAM_ERROR, f"internal error: {exc!r}")
+                # the type only: an exception's text can hold what was sent upstream
+                self.rec.fail(500, outcomes.UPSTREAM_ERROR,
+                              f"internal error in gpuproxy ({type(exc).__name__}); the proxy "
+                              "log has the details")
             if not self._responded:
                 await self.send_json(500, error_body(
                     "internal error in gpuproxy; the proxy log has the details",
@@ -256,6 +270,8 @@ class ProxyConsumer(AsyncHttpConsumer):
                 return
             if self.rec is not None:
                 self.rec.client = name
+            if key:
+                self._drop = relay.credential_drop(headers, key)
         path: str = self.scope["path"]
         method: str = self.scope["method"]
         malformed = self.malformed(path)
@@ -312,6 +328,7 @@ class ProxyConsumer(AsyncHttpConsumer):
             await self.send_error(BadRequest(400, f"{upstream_path} takes multipart/form-data",
                                              "invalid_content_type"))
             return
+        self._streams = parsed.stream
         if self.rec is not None:
             self.rec.model_requested = parsed.model
             self.rec.stream = parsed.stream
@@ -376,18 +393,23 @@ class ProxyConsumer(AsyncHttpConsumer):
                 "which never trigger a load", "invalid_request_error", "model_not_loaded"),
                 outcome=outcomes.BAD_REQUEST)
             return
-        await self.forward(rt, model_id, "/" + sub, body)
+        self._streams = relay.passthrough_streams(body)
+        await self.forward(rt, model_id, "/" + sub, body, retry=False)
 
     async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
                       body: bytes, priority: int | None = None, *, progress: bool = False,
-                      loading_state: bool = False) -> None:
+                      loading_state: bool = False, retry: bool = True) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives.
 
         With `progress` (a streaming chat request), a request the scheduler makes wait gets
         its 200 and an SSE stream at once: with `loading_state`, chunks whose
         `delta.reasoning_content` says what it waits for (a model load, its place in the
         queue); otherwise a comment every KEEPALIVE seconds, so that idle-timeout proxies
-        and clients do not cut a long wait. Rejections come before it, as JSON."""
+        and clients do not cut a long wait. Rejections come before it, as JSON.
+
+        `retry`: whether a request written on a reused connection that the upstream closed
+        unread may be sent once more (`relay.may_retry`): inference paths only, since a
+        passthrough request may be anything."""
         if priority is None:
             priority = self.priority(None)
         rec = self.rec
@@ -425,7 +447,7 @@ class ProxyConsumer(AsyncHttpConsumer):
             rec.swap_s = grant.swap_wait
             inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
         try:
-            await self.relay(rt, grant.model, upstream_path, body)
+            await self.relay(rt, grant.model, upstream_path, body, retry=retry)
         finally:
             grant.release()
             if rec is not None:
@@ -470,50 +492,58 @@ class ProxyConsumer(AsyncHttpConsumer):
         await self.send_body(b"")
 
     async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
-                    body: bytes) -> None:
+                    body: bytes, *, retry: bool = True) -> None:
         proc = rt.upstreams.process(model)
+        pid = proc.pid  # the process this request is for: a retry goes only to the same one
         query = self.scope.get("query_string", b"")
         url = proc.spec.proxy.rstrip("/") + upstream_path + (
             "?" + query.decode("latin-1") if query else "")
         meta = rt.catalog.models.get(model)
         idle = meta.stream_idle_timeout if meta is not None else relay.READ_TIMEOUT
-        client = relay.client()
-        request = client.build_request(
-            self.scope["method"], url,
-            headers=relay.request_headers(self.scope["headers"], len(body)), content=body,
-            timeout=relay.timeout(idle))
+        drop = self._drop
+        if drop is not relay.HOP_BY_HOP and meta is not None and _forwards_api_key(meta):
+            drop = relay.HOP_BY_HOP
+        method = self.scope["method"]
+        headers = relay.request_headers(self.scope["headers"], len(body), drop)
+        to = relay.timeout(idle)
+        streams = self._streams
+        client = relay.client(fresh=streams and relay.closes_after_streams(model))
+        relay.begin_attempt(model, streams)
         started = time.monotonic()
         try:
-            response = await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            if self._responded:  # a reported wait: the client already has its 200
-                await self.stream_error(f"model {model!r} did not answer: {exc!r}",
-                                        "upstream_timeout", 502, outcomes.UPSTREAM_DIED)
-                return
-            if isinstance(exc, httpx.ConnectTimeout):
-                message, code = f"model {model!r} at {proc.spec.proxy} did not accept the " \
-                    f"connection: {exc!r}", "upstream_unreachable"
-            else:
-                message, code = f"model {model!r} sent nothing for {idle:g} s " \
-                    "(streamIdleTimeout); the request was ended", "upstream_timeout"
-            await self.send_json(502, error_body(message + f"; its log: GET /logs/stream/{model}",
-                                                 "upstream_error", code),
-                                 outcome=outcomes.UPSTREAM_DIED)
-            return
+            response = await client.send(client.build_request(
+                method, url, headers=headers, content=body, timeout=to), stream=True)
         except (httpx.TransportError, aiohttp.ClientError) as exc:
-            # (httpx-aiohttp lets aiohttp's ClientResponseError, an answer that is not HTTP,
-            # through unmapped.)
-            if self._responded:
-                await self.stream_error(f"model {model!r} did not answer: {exc!r}",
-                                        "upstream_unreachable", 502, outcomes.UPSTREAM_ERROR)
+            fail = relay.failure(exc)
+            relay.note_failure(model, fail)
+            # Once more, fresh, only if the server cannot have read the request: its reused
+            # connection was closed or reset within milliseconds, before any answer, and the
+            # process is the same live one. The body is buffered; a passthrough (any method,
+            # any path) is never repeated.
+            if not (retry and relay.may_retry(fail) and pid is not None and proc.pid == pid
+                    and proc.state is State.READY and not await relay.exited(pid)):
+                await self.upstream_failed(proc, pid, model, fail, idle)
                 return
-            await self.send_json(502, error_body(
-                f"model {model!r} at {proc.spec.proxy} did not answer: {exc!r}; its log: "
-                f"GET /logs/stream/{model}", "upstream_error", "upstream_unreachable"),
-                outcome=outcomes.UPSTREAM_ERROR)
-            return
+            logger.info('model "%s": its reused connection was %s before the request was '
+                        "read; sending it once more on a fresh one", model, fail.describe())
+            metrics.upstream_retried(model)
+            if self.rec is not None:
+                self.rec.upstream_retries += 1
+            client = relay.client(fresh=True)
+            relay.begin_attempt(model, streams)
+            try:
+                response = await client.send(client.build_request(
+                    method, url, headers=headers, content=body, timeout=to), stream=True)
+            except (httpx.TransportError, aiohttp.ClientError) as again:
+                await self.upstream_failed(proc, pid, model, relay.failure(again), idle)
+                return
         rec = self.rec
-        parser = UsageParser(response.headers.get("content-type", ""))
+        response_headers = response.headers
+        if streams:
+            relay.note_stream_answer(model, response_headers)
+        content_type = response_headers.get("content-type", "")
+        sse = content_type.startswith("text/event-stream")
+        parser = UsageParser(content_type)
         if self._responded and response.status_code >= 400:
             # The wait was reported on a 200 stream; the upstream's error becomes an event.
             detail = (await response.aread())[:2000].decode(errors="replace")
@@ -526,7 +556,7 @@ class ProxyConsumer(AsyncHttpConsumer):
             if not self._responded:
                 self._responded = True
                 await self.send_headers(status=response.status_code,
-                                        headers=relay.response_headers(response.headers))
+                                        headers=relay.response_headers(response_headers))
             async for chunk in response.aiter_raw():
                 if rec is not None and rec.first_byte is None:
                     rec.first_byte = time.monotonic()
@@ -534,35 +564,121 @@ class ProxyConsumer(AsyncHttpConsumer):
                 if rec is not None:
                     rec.bytes_out += len(chunk)
                 await self.send_body(chunk, more_body=True)
+            if (_close_delimited(response, method)
+                    and await relay.exited(pid, CLOSE_DELIMITED_GRACE)):
+                # Nothing marks the end of such a body but the close, and the process died:
+                # it ended because the upstream did, not because the answer was complete.
+                await self.cut_mid_response(proc, model, relay.Failure(
+                    relay.CUT, "ended its body by exiting", "close-delimited body"),
+                    response.status_code, sse, started, idle)
+                return
             await self.send_body(b"")
             if rec is not None:
                 rec.status_code = response.status_code
                 if response.status_code >= 400:
                     rec.outcome = outcomes.UPSTREAM_ERROR
                     rec.error = f"the upstream answered HTTP {response.status_code}"
-        except httpx.TransportError as exc:
-            # Headers are out: say so in the stream (never a clean end, never a [DONE] the
-            # upstream did not send), so a client cannot take half an answer for a whole.
-            if isinstance(exc, httpx.ReadTimeout):
-                message = (f"model {model!r} sent nothing for {idle:g} s mid-response "
-                           "(streamIdleTimeout); the response was cut")
-                code = "upstream_timeout"
-            else:
-                message = (f"model {model!r} died or dropped the connection mid-response "
-                           f"after {time.monotonic() - started:.1f} s ({exc!r}); its log: "
-                           f"GET /logs/stream/{model}")
-                code = "upstream_died"
-            logger.warning("%s", message)
-            if rec is not None:
-                rec.fail(response.status_code, outcomes.UPSTREAM_DIED, message)
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
-                await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
-                                     + b"\n\n", more_body=True)
-            await self.send_body(b"")
+        except (httpx.TransportError, aiohttp.ClientError) as exc:
+            await self.cut_mid_response(proc, model, relay.failure(exc), response.status_code,
+                                        sse, started, idle)
         finally:
             if rec is not None:
                 rec.usage = parser.finish()
             await response.aclose()
+
+    async def upstream_failed(self, proc: UpstreamProcess, pid: int | None, model: str,
+                              fail: relay.Failure, idle: float) -> None:
+        """No answer came: a 502 that says what happened (or, on a reported wait's 200
+        stream, an `error` event)."""
+        where = f"model {model!r} at {proc.spec.proxy}"
+        if proc.state is State.STOPPING:
+            message, code, outcome = (f"model {model!r} was stopped while answering this "
+                                      "request (an unload, a restart or the proxy's shutdown)",
+                                      "upstream_stopped", outcomes.UPSTREAM_STOPPED)
+        elif fail.kind == relay.TIMEOUT:
+            message, code, outcome = (f"model {model!r} sent nothing for {idle:g} s "
+                                      "(streamIdleTimeout); the request was ended",
+                                      "upstream_timeout", outcomes.UPSTREAM_DIED)
+        elif fail.kind in (relay.REFUSED, relay.CONNECT_TIMEOUT):
+            gone = " (its process has exited; it restarts on the next request)" if (
+                await relay.exited(pid, EXIT_GRACE)) else ""
+            message, code, outcome = (f"{where} {fail.describe()}{gone}",
+                                      "upstream_unreachable", outcomes.UPSTREAM_ERROR)
+        elif fail.kind == relay.BAD_RESPONSE:
+            message, code, outcome = (f"{where} {fail.describe()}", "upstream_bad_response",
+                                      outcomes.UPSTREAM_ERROR)
+        else:
+            died = await relay.exited(pid, EXIT_GRACE)
+            message = (f"model {model!r} died before answering: {fail.describe()}" if died else
+                       f"{where} {fail.words} before answering ({fail.type_name})")
+            code, outcome = "upstream_died", outcomes.UPSTREAM_DIED
+        message += f"; its log: GET /logs/stream/{model}"
+        if self._responded:  # a reported wait: the client already has its 200
+            await self.stream_error(message, code, 502, outcome)
+            return
+        await self.send_json(502, error_body(message, "upstream_error", code), outcome=outcome)
+
+    async def cut_mid_response(self, proc: UpstreamProcess, model: str, fail: relay.Failure,
+                               status: int, sse: bool, started: float, idle: float) -> None:
+        """The headers are out and the body broke off. Never a clean end, never a [DONE] the
+        upstream did not send: an SSE stream gets an `error` event, then its end; any other
+        body has its client connection aborted (no terminal chunk, no keep-alive waiting for
+        the rest of a Content-Length), so no client can take half an answer for a whole."""
+        outcome = outcomes.UPSTREAM_DIED
+        if proc.state is State.STOPPING:
+            message = (f"model {model!r} was stopped mid-response (an unload, a restart or the "
+                       "proxy's shutdown); the response was cut")
+            code, outcome = "upstream_stopped", outcomes.UPSTREAM_STOPPED
+        elif fail.kind == relay.TIMEOUT:
+            message = (f"model {model!r} sent nothing for {idle:g} s mid-response "
+                       "(streamIdleTimeout); the response was cut")
+            code = "upstream_timeout"
+        else:
+            message = (f"model {model!r} died or dropped the connection mid-response after "
+                       f"{time.monotonic() - started:.1f} s: it {fail.describe()}; the response "
+                       f"was cut; its log: GET /logs/stream/{model}")
+            code = "upstream_died"
+        logger.warning("%s", message)
+        if self.rec is not None:
+            self.rec.fail(status, outcome, message)
+        if sse:
+            await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
+                                 + b"\n\n", more_body=True)
+            await self.send_body(b"")
+        elif not self.abort_client():
+            await self.send_body(b"")
+
+    def abort_client(self) -> bool:
+        """Drop the client's connection without ending the response, as HTTP says to signal
+        an incomplete one. ASGI has no message for it and Daphne closes nothing when the
+        application returns, so this goes to the Twisted request that Daphne bound into our
+        `send` (`Server.create_application`: `partial(self.handle_reply, protocol)`); False
+        when there is none (another ASGI server, a test communicator)."""
+        send = self.base_send
+        request = send.args[0] if isinstance(send, functools.partial) and send.args else None
+        lose = getattr(request, "loseConnection", None)
+        if lose is None:
+            logger.warning("cannot abort the client connection of %s %s (no Daphne request); "
+                           "ending the response instead", self.scope["method"],
+                           self.scope["path"])
+            return False
+        lose()
+        return True
+
+
+def _forwards_api_key(meta: CatalogModel) -> bool:
+    """A model asks for the client's gpuproxy key to reach it (an upstream started with the
+    same `--api-key`) with `metadata: {gpuproxy: {forwardApiKey: true}}`."""
+    ours = meta.metadata.get("gpuproxy")
+    return isinstance(ours, dict) and ours.get("forwardApiKey") is True
+
+
+def _close_delimited(response: httpx.Response, method: str) -> bool:
+    """The body has no length of its own: it ends when the connection closes (RFC 9112 6.3)."""
+    headers = response.headers
+    return (method != "HEAD" and response.status_code not in (204, 304)
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower())
 
 
 def resolve_prefix(catalog: Catalog, rest: str) -> tuple[str | None, str | None]:

@@ -252,6 +252,9 @@ START_FAILURES = Counter(
     ["model"])
 EXITS = Counter(
     "gpuproxy_upstream_exits", "Unexpected exits of a ready upstream (crashes).", ["model"])
+RETRIES = Counter(
+    "gpuproxy_upstream_retries", "Requests sent once more on a fresh connection because their "
+    "reused one was closed before the upstream read them.", ["model"])
 
 for _b in BANDS:
     QUEUE_WAIT.labels(_b)
@@ -284,6 +287,10 @@ def observe_request(row: Mapping[str, Any]) -> None:
     _changed()  # the dashboard's Recent activity
 
 
+def upstream_retried(model: str) -> None:
+    RETRIES.labels(model).inc()
+
+
 def model_state_changed(model: str, state: str) -> None:
     """A process changed state (processes.py's on_state hook). Two transitions are facts of
     their own: anything → failed is a failed start, and ready → stopped without passing
@@ -308,6 +315,7 @@ def models_configured(models: Iterable[str]) -> None:
         SWAP_DURATION.labels(m)
         START_FAILURES.labels(m)
         EXITS.labels(m)
+        RETRIES.labels(m)
         REQUEST_DURATION.labels(m)
         TTFT.labels(m)
         for kind in ("prompt", "completion"):

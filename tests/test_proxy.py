@@ -201,7 +201,9 @@ def test_other_errors(serve):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     r = proxy.http.post("/v1/chat/completions", json={"model": "broken", "messages": []})
     assert r.status_code == 502 and r.json()["error"]["code"] == "start_failed"
-    assert "simulated start failure" in r.json()["error"]["message"]
+    assert '"broken" failed to start' in r.json()["error"]["message"]
+    # the upstream's own last words are for the operator (the proxy's log), not the client
+    assert "simulated start failure" in proxy.http.get("/logs").text
     r = proxy.http.post("/v1/chat/completions", json={"model": "nothere", "messages": []})
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
     assert "nothere" in r.json()["error"]["message"]

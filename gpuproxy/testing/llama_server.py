@@ -33,6 +33,9 @@ MIN_AGE_BEFORE_STOP = 0.3
 STOP_WATCHDOG = 5.0
 
 
+POOLING = ("none", "mean", "cls", "last", "rank")  # llama-server's --pooling values
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -92,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="enable /slots (the default)")
     add("--no-slots", dest="slots", action="store_false")
     add("--no-webui", action="store_true", help="do not serve the web UI at /")
-    add("--embedding", "--embeddings", action="store_true", help="embeddings only")
+    add("--embedding", "--embeddings", action="store_true",
+        help="serve embeddings (/v1/embeddings, /embedding) instead of generation")
+    add("--pooling", choices=POOLING, metavar="{" + ",".join(POOLING) + "}",
+        help="how token embeddings become one (default: the model's)")
     add("--no-warmup", action="store_true", help="skip the warm-up run at load")
     add("-v", "--verbose", action="store_true", help="log everything")
     add("--version", action="version",
@@ -154,6 +160,9 @@ def build_params(args: argparse.Namespace):
         params.ui = False
     if args.embedding:
         params.embedding = True
+    if args.pooling is not None:
+        params.pooling_type = getattr(xllamacpp.llama_pooling_type,
+                                      f"LLAMA_POOLING_TYPE_{args.pooling.upper()}")
     if args.no_warmup:
         params.warmup = False
     if args.verbose:
