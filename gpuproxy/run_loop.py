@@ -25,6 +25,7 @@ from scheduling.core.errors import QueueTimeout, SchedulingError
 from scheduling.core.events import (
     Cancelled,
     Event,
+    ModelExited,
     Request,
     RequestArrived,
     RestartRequested,
@@ -89,6 +90,7 @@ class RunLoop:
     def __init__(self, upstreams: Upstreams, config: SchedulerConfig,
                  make_scheduler: SchedulerFactory) -> None:
         self.upstreams = upstreams
+        upstreams.on_exit = self._process_exited
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
@@ -150,6 +152,8 @@ class RunLoop:
                 s.on_unload_done(event)
             case RestartRequested():
                 s.on_restart(event)
+            case ModelExited():
+                s.on_model_exited(event)  # type: ignore[attr-defined]
             case SettingsChanged():
                 if event.config.scheduler != s.config.scheduler:
                     # A policy switch (fifo <-> serial) hands the queue, swaps and in-flight
@@ -241,6 +245,12 @@ class RunLoop:
         self.post(UnloadRequested(tuple(models), self.now(), done))
         await done
 
+    def _process_exited(self, model: str) -> None:
+        """A model's process exited (Upstreams.on_exit): the scheduler hears it as an event,
+        ahead of the process's own state change."""
+        if not self._closed:
+            self.post(ModelExited(model, self.now()))
+
     def restart(self, models: Iterable[str]) -> None:
         """Restart these models once each is idle (work in flight is never cut off)."""
         self.post(RestartRequested(tuple(models), self.now()))
@@ -271,10 +281,12 @@ class RunLoop:
                 await asyncio.gather(*(self.upstreams.process(m).stop() for m in evict))
             await self.upstreams.process(model).ensure_ready()
         except StartFailed as exc:
-            error, timed_out = str(exc), exc.reason == "timeout"
-        except Exception as exc:  # a bug must still answer the waiters
+            # What clients read: the details (command line, output) are in the log already.
+            error, timed_out = exc.public, exc.reason == "timeout"
+        except Exception:  # a bug must still answer the waiters
             logger.exception("swap to %r failed", model)
-            error = f"model {model!r} could not be loaded: {exc}"
+            error = (f"model {model!r} could not be loaded: an internal error; the proxy's log "
+                     "has it")
         self._swap_times[model] = (started, self.now())
         if error is None:
             metrics.observe_swap(model, self.now() - started)

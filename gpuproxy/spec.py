@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _UNRESOLVED = re.compile(r"\$\{[^}]*\}")
@@ -39,6 +41,26 @@ class UpstreamSpec:
         path = self.check_endpoint if self.check_endpoint.startswith("/") else (
             "/" + self.check_endpoint)
         return self.proxy.rstrip("/") + path
+
+
+# The proxy's own secrets, never handed to an upstream (which runs code the operator may not
+# have written, logs its environment, or serves it on a debug page). Everything else is
+# inherited, as llama-swap does: GPU servers need CUDA_VISIBLE_DEVICES, LD_LIBRARY_PATH, HF_*,
+# NVIDIA_*, HOME, PATH...
+DENIED_ENV = frozenset({"DATABASE_URL"})
+DENIED_ENV_PREFIXES = ("GPUPROXY_", "PG", "DJANGO_")
+
+
+def upstream_env(own: Mapping[str, str], base: Mapping[str, str] | None = None
+                 ) -> dict[str, str]:
+    """The environment of an upstream's `cmd` and `cmd_stop`: the proxy's (`base`, default
+    os.environ) without our secrets, plus the model's own `env`, which wins, even over the
+    deny-list (an operator who writes `PGHOST` into a model's env means it)."""
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items()
+           if k not in DENIED_ENV and not k.startswith(DENIED_ENV_PREFIXES)}
+    env.update(own)
+    return env
 
 
 def strip_comments(cmd: str) -> str:

@@ -32,6 +32,10 @@ class Upstreams:
         self._records = records
         self.catalog = Catalog()
         self._processes: dict[str, UpstreamProcess] = {}
+        # Called with the model id the moment one of its processes exits (any exit: crash,
+        # stop, TTL); the run loop sets it to post ModelExited, so the scheduler learns it
+        # from an event instead of reading process states.
+        self.on_exit: Callable[[str], None] | None = None
 
     async def refresh(self) -> tuple[Catalog, list[str]]:
         """Re-read the definitions. Returns the catalog and the models that were removed
@@ -53,8 +57,12 @@ class Upstreams:
             spec = self.catalog.models[model_id].spec
             proc = self._processes[model_id] = UpstreamProcess(
                 spec, log_registry.get(model_id), on_state=_state_changed,
-                records=self._records)
+                records=self._records, on_exit=self._exited)
         return proc
+
+    def _exited(self, model_id: str) -> None:
+        if self.on_exit is not None:
+            self.on_exit(model_id)
 
     def running_ids(self) -> list[str]:
         return sorted(m for m, p in self._processes.items()
@@ -81,6 +89,7 @@ class Upstreams:
     async def shutdown(self) -> None:
         """Stop every upstream and end their owner tasks; used when the proxy exits."""
         procs = list(self._processes.values())
-        if procs:
-            logger.info("shutting down: stopping %d upstream(s)", len(procs))
+        live = self.running_ids()  # a process object for a model that is stopped is no upstream
+        if live:
+            logger.info("shutting down: stopping %d upstream(s): %s", len(live), ", ".join(live))
         await asyncio.gather(*(p.close() for p in procs), return_exceptions=True)

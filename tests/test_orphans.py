@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from gpuproxy.orphans import ProcessRecords
 from tests.conftest import database_url, free_port, processes_matching
 from tests.helpers import one_model, process_gone, running, until
+from tests.test_process_escapes import alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,3 +81,43 @@ def test_a_second_proxy_on_the_same_database_refuses_to_start(serve, tmp_path: P
     assert result.returncode != 0
     assert "another gpuproxy serve is using the database" in result.stderr
     assert first.http.get("/health").status_code == 200
+
+
+# A stand-in for another proxy: it starts an upstream in a session of its own (no parent-death
+# signal, as if it had escaped it), records it as `gpuproxy serve` does, says the pid and stays
+# until its stdin closes or it is killed.
+_OTHER_PROXY = textwrap.dedent("""
+    import subprocess, sys, pathlib
+    from gpuproxy.orphans import ProcessRecords
+    up = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    ProcessRecords(pathlib.Path(sys.argv[1])).add("theirs", up.pid, "sleep 600")
+    print(up.pid, flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_sweep_leaves_the_upstreams_of_a_proxy_that_still_runs(tmp_path: Path):
+    """A record names its proxy by pid and start time: while that proxy runs, a sweep (a
+    `make run` beside a test run, a second serve) never stops its upstreams; once it is
+    gone, they are stopped."""
+    records = tmp_path / "upstreams"
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROXY, str(records)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert other.stdout is not None
+    upstream = int(other.stdout.readline())
+    try:
+        assert ProcessRecords(records).sweep(grace=1) == []
+        assert alive(upstream), "the sweep stopped the upstream of a live proxy"
+        assert len(list(records.glob("*.json"))) == 1, "and its record stays"
+
+        other.kill()
+        other.wait(10)
+        assert ProcessRecords(records).sweep(grace=1) == ["theirs"]
+        until("the dead proxy's upstream is stopped", lambda: not alive(upstream), within=5)
+        assert not list(records.glob("*.json"))
+    finally:
+        other.kill()
+        other.wait(10)
+        if alive(upstream):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(upstream, signal.SIGKILL)

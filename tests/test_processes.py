@@ -221,9 +221,11 @@ async def test_missing_executable_is_a_spawn_failure(make: Make, port: int) -> N
 
 
 async def test_busy_port_exits_with_its_reason(make: Make) -> None:
+    """Bound, not listening: nothing answers there, so the start goes ahead and the server's
+    own exit says why (a port something listens on fails before the spawn:
+    test_process_escapes.py)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
-        taken.listen()
         port = taken.getsockname()[1]
         proc = make(fake_spec(port, health_check_timeout=30))
 

@@ -62,8 +62,21 @@ class SwapDone:
 
     model: str
     now: float
-    error: str | None = None  # the start failure, one actionable line with the output tail
+    # The start failure as any client may read it (model, what happened, port); the command
+    # line and the output tail are for the log and the admin only (StartFailed.public).
+    error: str | None = None
     timed_out: bool = False  # the model did not become ready within healthCheckTimeout
+
+
+@dataclass(frozen=True)
+class ModelExited:
+    """`model`'s process exited, for whatever reason (a crash, a stop, its TTL), posted the
+    moment the shell notices, before the process's state says so. Until a later load
+    succeeds (its SwapDone), the model is not loaded, whatever a state read says: a request
+    for it starts a load instead of being granted to a process that is gone."""
+
+    model: str
+    now: float
 
 
 @dataclass(frozen=True)
@@ -118,4 +131,4 @@ class Shutdown:
 
 
 Event = (RequestArrived | Cancelled | SwapDone | ServeDone | UnloadRequested | UnloadDone
-         | RestartRequested | SettingsChanged | Tick | Shutdown)
+         | RestartRequested | SettingsChanged | Tick | Shutdown | ModelExited)

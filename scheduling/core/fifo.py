@@ -26,6 +26,7 @@ from scheduling.core.errors import (
 from scheduling.core.events import (
     Cancelled,
     Dispatch,
+    ModelExited,
     Request,
     RequestArrived,
     RestartRequested,
@@ -63,12 +64,15 @@ class Fifo(Ledger):
       - `_in_flight` / `_serving`: granted requests a ServeDone has not yet closed;
       - `_holders` / `_reserved`: admission slots, one per request from admission until it
         is served-done, cancelled or errored;
-      - `_unloading`: models with an explicit unload not yet reported by UnloadDone.
+      - `_unloading`: models with an explicit unload not yet reported by UnloadDone;
+      - `_exited`: models whose process exited (ModelExited) since their last successful
+        load: not loaded, whatever `model_state` still says.
     """
 
     def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
         self._init_books(config, fx)
         self._queue: list[Request] = []
+        self._exited: set[str] = set()
 
     # ---- read-only introspection (metrics, tests) -----------------------------------------
 
@@ -178,12 +182,22 @@ class Fifo(Ledger):
             for w in swap.waiters:
                 self._fail(w, SwapFailed(ev.model, ev.error, ev.timed_out))
         elif self._held(ev.model):
+            self._exited.discard(ev.model)
             for w in swap.waiters:
                 bisect.insort(self._queue, w, key=self._rank)
             self._report_positions()
         else:
+            self._exited.discard(ev.model)
             for w in swap.waiters:
                 self._grant(w, ev.model)
+        self._drain()
+
+    def on_model_exited(self, ev: ModelExited) -> None:
+        """The model's process exited: it is not loaded until a load of it succeeds, so the
+        next request for it starts one (instead of a grant to a process that is gone); drain,
+        so queued requests start it too. Requests in flight on it end on their own."""
+        self._now = ev.now
+        self._exited.add(ev.model)
         self._drain()
 
     def on_serve_done(self, ev: ServeDone) -> None:
@@ -288,7 +302,7 @@ class Fifo(Ledger):
         evict = self._config.swapper.eviction_for(model, running)
         # (5)
         if (not evict and not unloading and not self._being_evicted(model)
-                and self._fx.model_state(model) == READY):
+                and model not in self._exited and self._fx.model_state(model) == READY):
             self._grant(req, model)
             return True
         # (6)

@@ -38,6 +38,7 @@ from scheduling.core.errors import (
 from scheduling.core.events import (
     Cancelled,
     Dispatch,
+    ModelExited,
     Request,
     RequestArrived,
     RestartRequested,
@@ -104,11 +105,14 @@ class Serial(Ledger):
       - `_active`: target → the swap loading it, with its evict set and waiters;
       - `_in_flight` / `_serving`: granted requests a ServeDone has not yet closed;
       - `_holders` / `_reserved`: admission slots, as in fifo;
-      - `_unloading`: models with an explicit unload not yet reported by UnloadDone.
+      - `_unloading`: models with an explicit unload not yet reported by UnloadDone;
+      - `_exited`: models whose process exited (ModelExited) since their last successful
+        load: not loaded, whatever `model_state` still says.
     """
 
     def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
         self._init_books(config, fx)
+        self._exited: set[str] = set()
         self._div = aging_divisor_of(config)
         self._bonus = affinity_bonus_of(config)
         self._heaps: dict[str, list[_Entry]] = {}  # only models with queued requests
@@ -223,8 +227,16 @@ class Serial(Ledger):
             for w in swap.waiters:
                 self._fail(w, SwapFailed(ev.model, ev.error, ev.timed_out))
         else:
+            self._exited.discard(ev.model)
             for w in swap.waiters:
                 self._push(w)
+        self._dispatch()
+
+    def on_model_exited(self, ev: ModelExited) -> None:
+        """As fifo: not loaded until a load of it succeeds; walk, so the requests queued for
+        it (beyond `parallel`) start that load now, not when the cut requests are released."""
+        self._now = ev.now
+        self._exited.add(ev.model)
         self._dispatch()
 
     def on_serve_done(self, ev: ServeDone) -> None:
@@ -415,7 +427,8 @@ class Serial(Ledger):
                 claims.append((m, evict))
                 no_feed.update(evict)
                 continue
-            if not evict and not self._being_evicted(m) and self._fx.model_state(m) == READY:
+            if (not evict and not self._being_evicted(m) and m not in self._exited
+                    and self._fx.model_state(m) == READY):
                 if m in no_feed or self.in_flight(m) >= self._parallel(m):
                     blocked.add(m)
                     claims.append((m, []))
@@ -479,7 +492,7 @@ class Serial(Ledger):
         evicting = {m for swap in self._active.values() for m in swap.evict}
         for m in self._fx.running_models():
             if (m not in out and not self._held(m) and m not in evicting
-                    and self._fx.model_state(m) == READY):
+                    and m not in self._exited and self._fx.model_state(m) == READY):
                 out.add(m)
         return out
 

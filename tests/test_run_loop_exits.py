@@ -1,0 +1,93 @@
+"""The run loop and the upstream processes, in-process, against the real fake server: the
+scheduler hears of an exit as an event (ModelExited), the next request restarts the model, and
+a storm of unloads against waiting loads wedges nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gpuproxy.run_loop import RunLoop
+from gpuproxy.upstreams import Upstreams
+from scheduling.catalog import Catalog, CatalogModel
+from scheduling.core.errors import SwapFailed
+from scheduling.core.events import Event, ModelExited
+from scheduling.core.policies import make_scheduler
+from tests.test_process_escapes import no_leftovers
+from tests.test_processes import DEADLINE, fake_spec
+
+__all__ = ["no_leftovers"]
+
+
+@pytest.fixture
+async def run_loop(port: int) -> AsyncIterator[RunLoop]:
+    catalog = Catalog(models={"fake": CatalogModel("fake", fake_spec(port))})
+
+    async def load() -> Catalog:
+        return catalog
+
+    upstreams = Upstreams(load)
+    await upstreams.refresh()
+    loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
+    loop.processed = asyncio.Queue()
+    loop.start()
+    try:
+        yield loop
+    finally:
+        await asyncio.wait_for(loop.shutdown(), DEADLINE)
+        await asyncio.wait_for(upstreams.shutdown(), DEADLINE)
+
+
+async def next_of(queue: asyncio.Queue[Event], kind: type) -> Event:
+    while not isinstance(event := await queue.get(), kind):
+        pass
+    return event
+
+
+async def test_an_exit_reaches_the_scheduler_and_the_next_request_restarts(
+        run_loop: RunLoop) -> None:
+    grant = await asyncio.wait_for(run_loop.acquire("fake"), DEADLINE)
+    proc = run_loop.upstreams.process("fake")
+    first = proc.pid
+    assert first is not None
+    grant.release()
+    assert run_loop.processed is not None
+
+    os.kill(first, signal.SIGKILL)
+    exited = await asyncio.wait_for(next_of(run_loop.processed, ModelExited), DEADLINE)
+
+    assert exited.model == "fake"
+    grant = await asyncio.wait_for(run_loop.acquire("fake"), DEADLINE)
+    assert proc.pid is not None and proc.pid != first
+    grant.release()
+
+
+async def test_an_unload_storm_while_requests_wait_for_loads_wedges_nothing(
+        run_loop: RunLoop) -> None:
+    """C12: loads aborted by unloads answer their waiters with a clear error, every call
+    ends, the scheduler ends empty, and the model still loads afterwards."""
+    async def load() -> str:
+        grant = await run_loop.acquire("fake")
+        grant.release()
+        return "served"
+
+    calls: list[asyncio.Task] = []
+    for i in range(60):
+        calls.append(asyncio.create_task(load()))
+        if i % 4 == 3:
+            calls.append(asyncio.create_task(run_loop.unload(["fake"])))
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors, "no load was aborted: the storm missed"
+    assert all(isinstance(e, SwapFailed) for e in errors), errors
+    assert all(e.message.startswith('model "fake" start aborted: stopped while starting')
+               for e in errors), {e.message for e in errors}
+    assert "served" in results
+    s = run_loop.scheduler
+    assert (s.queued(), s.active_swaps(), s.in_flight("fake")) == ([], {}, 0)
+    assert await asyncio.wait_for(load(), DEADLINE) == "served"
