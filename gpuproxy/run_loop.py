@@ -153,7 +153,7 @@ class RunLoop:
             case RestartRequested():
                 s.on_restart(event)
             case ModelExited():
-                s.on_model_exited(event)  # type: ignore[attr-defined]
+                s.on_model_exited(event)
             case SettingsChanged():
                 if event.config.scheduler != s.config.scheduler:
                     # A policy switch (fifo <-> serial) hands the queue, swaps and in-flight

@@ -110,7 +110,9 @@ def test_every_outcome_is_recorded(serve):
     assert streamed.ttft_ms is not None and streamed.duration_ms >= streamed.ttft_ms
     assert streamed.received_at <= streamed.dispatched_at <= streamed.first_byte_at \
         <= streamed.finished_at
-    assert "simulated start failure" in rows[4].error
+    # the public start failure: what happened, never the upstream's output (the log has it)
+    assert "failed to start" in rows[4].error and "the proxy's log has the details" in rows[4].error
+    assert "simulated start failure" not in rows[4].error
     assert rows[8].completion_tokens is None  # it never finished
 
 
