@@ -38,6 +38,9 @@ class ModelLive:
     state: str  # stopped | starting | ready | stopping | failed
     restart_needed: bool  # its definition changed; it restarts when idle
     in_flight: int
+    # The last start failure in full (command, output tail, remedy), until a start succeeds:
+    # for staff, who may read the command anyway; API clients get only the short form.
+    last_error: str = ""
 
 
 def _loop_and_runtime() -> tuple[asyncio.AbstractEventLoop, Any] | None:
@@ -55,12 +58,20 @@ def running() -> bool:
 
 def live_models() -> dict[str, ModelLive]:
     """Every configured model's live state, from published data (no hop to the loop)."""
-    if not running():
+    target = _loop_and_runtime()
+    if target is None:
         return {}
+    upstreams = target[1].upstreams
     snap = metrics.scheduler_snapshot()
     states = metrics.model_states()
+
+    def last_error(model: str) -> str:
+        proc = upstreams.existing(model)
+        error = proc.last_error if proc is not None else None  # an immutable exception
+        return str(error) if error is not None else ""
+
     return {m: ModelLive(states.get(m, "stopped"), m in snap.restart_pending,
-                         snap.in_flight.get(m, 0))
+                         snap.in_flight.get(m, 0), last_error(m))
             for m in metrics.configured_models()}
 
 

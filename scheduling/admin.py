@@ -59,9 +59,11 @@ class LiveView:
         return cls(True, control.live_models())
 
 
-def describe_live(obj: ModelDefinition, live: LiveView) -> str | SafeString:
+def describe_live(obj: ModelDefinition, live: LiveView, *,
+                  full: bool = False) -> str | SafeString:
     """ "ready", "ready · 2 in flight", "ready · restart needed", "stopped", or a dash that
-    says (on hover) why nothing is known."""
+    says (on hover) why nothing is known. A failed start says why: on hover in the list, in
+    full on the change page (`full`)."""
     if not live.running:
         return format_html('<span title="{}">—</span>', NOT_RUNNING)
     state = live.models.get(obj.model_id)
@@ -74,7 +76,12 @@ def describe_live(obj: ModelDefinition, live: LiveView) -> str | SafeString:
         parts.append(f"{state.in_flight} in flight")
     if state.restart_needed:
         parts.append("restart needed")
-    return " · ".join(parts)
+    text = " · ".join(parts)
+    if state.state == "failed" and state.last_error:
+        if full:
+            return f"{text}: {state.last_error}"
+        return format_html('<span title="{}">{}</span>', state.last_error, text)
+    return text
 
 
 def _request_live(request: HttpRequest) -> LiveView:
@@ -161,7 +168,7 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
     def live_state(self, obj: ModelDefinition | None) -> str | SafeString:
         if obj is None or obj.pk is None:
             return "—"
-        return describe_live(obj, LiveView.read())
+        return describe_live(obj, LiveView.read(), full=True)
 
     def render_change_form(self, request: HttpRequest, context, add=False, change=False,
                            form_url="", obj=None):

@@ -485,6 +485,12 @@ def test_load_reports_an_immediate_refusal_and_does_not_wait_for_a_slow_load(ser
     # the public text: what happened and the port, never the command line (the log has it)
     assert "its executable was not found" in refusal and NO_SUCH_SERVER not in refusal
     assert said == "Model broken could not be loaded: " + refusal
+    # Staff see the details the client did not: the list on hover, the change page in full.
+    cell = live_cell(h, broken)
+    assert re.fullmatch(r'<span title=".+">failed</span>', cell, re.S), cell
+    assert f"executable '{NO_SUCH_SERVER}' not found" in cell
+    change = html.unescape(h.get(f"/admin/scheduling/modeldefinition/{broken.pk}/change/").text)
+    assert f"failed: model \"broken\" could not start: executable '{NO_SUCH_SERVER}'" in change
 
     started = time.monotonic()
     said = post_action(h, "load_models", slow)
