@@ -9,6 +9,11 @@
 
 `since`/`until` take an ISO 8601 time or date (naive means UTC) or a relative age like `30m`,
 `1h`, `7d`. The ORM runs on the dedicated database thread (`runtime.run_db`), never here.
+
+The API needs the database and the proxy does not: during an outage both endpoints answer 503
+`database_unavailable` (OpenAI envelope, Retry-After) at once while the outage is known
+(`runtime.run_db` refuses without waiting for the pool), and after the pool's timeout for a
+failure nothing had noticed yet, instead of a 500.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import math
 import re
 from typing import Any
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -43,6 +48,17 @@ class BadParameter(ValueError):
         super().__init__(message)
         self.param = param
         self.message = message
+
+
+RETRY_AFTER = "5"  # seconds; the instance lock's check notices a recovery within about one
+
+
+def database_unavailable(exc: OperationalError | InterfaceError) -> JsonResponse:
+    detail = (str(exc) if isinstance(exc, runtime.DatabaseUnavailable)
+              else f"database error ({type(exc).__name__})")
+    return json_error(503, f"the activity log cannot be read: {detail}; retry later",
+                      type_="server_error", code="database_unavailable",
+                      headers={"Retry-After": RETRY_AFTER})
 
 
 def bad_parameter(exc: BadParameter) -> JsonResponse:
@@ -149,7 +165,10 @@ async def activity_list(request: HttpRequest) -> HttpResponse:
         qs = RequestLog.objects.filter(**filters).order_by("-received_at", "-id")
         return list(qs.values()[:limit])
 
-    rows = await runtime.run_db(fetch)
+    try:
+        rows = await runtime.run_db(fetch)
+    except (OperationalError, InterfaceError) as exc:  # the connection, not the query
+        return database_unavailable(exc)
     return JsonResponse({"data": rows, "limit": limit})
 
 
@@ -241,6 +260,9 @@ async def activity_stats(request: HttpRequest) -> HttpResponse:
         return bad_parameter(exc)
     assert since is not None
     filters = _filters(since, until, model=model)
-    stats = await runtime.run_db(lambda: compute_stats(filters))
+    try:
+        stats = await runtime.run_db(lambda: compute_stats(filters))
+    except (OperationalError, InterfaceError) as exc:  # the connection, not the query
+        return database_unavailable(exc)
     return JsonResponse({"window": {"since": since, "until": until or now}, "model": model,
                          **stats})

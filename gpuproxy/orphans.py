@@ -11,9 +11,7 @@ later load fail. Three defences, each covering what the previous cannot:
    written to the data dir while it runs. At the next start the proxy stops what an earlier
    proxy that is gone left (checking process start times, so a recycled pid is never hit, and
    leaving alone the upstreams of a proxy that still runs).
-3. `InstanceLock`: a second `gpuproxy serve` on the same data dir (a file lock) or the same
-   PostgreSQL database (an advisory lock) refuses to start: two schedulers would fight over
-   one GPU.
+3. One proxy per data dir and per database: `gpuproxy/instance.py` (`InstanceLock`).
 
 No Django here: `serve` passes the paths and the connection settings.
 """
@@ -21,7 +19,6 @@ No Django here: `serve` passes the paths and the connection settings.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -35,7 +32,6 @@ from typing import Any
 logger = logging.getLogger("gpuproxy.orphans")
 
 _SETPRIV = shutil.which("setpriv")
-LOCK_KEY = 0x67707278  # "gprx": the advisory lock id of "a gpuproxy serves this database"
 
 
 def pdeathsig_argv(argv: list[str]) -> list[str]:
@@ -289,65 +285,3 @@ def _proxy_alive(record: dict[str, Any]) -> bool:
         return True
     started = record.get("proxy_start_time")
     return started is not None and start_time(pid) == started
-
-
-class AlreadyServing(RuntimeError):
-    pass
-
-
-class InstanceLock:
-    """Held for the life of `serve`: a flock on the data dir, and on PostgreSQL a session
-    advisory lock on a connection of its own. Both vanish with the process, however it
-    ends, so a crash never leaves a stale lock behind."""
-
-    def __init__(self, data_dir: Path, database: dict[str, Any] | None) -> None:
-        self.data_dir = data_dir
-        self.database = database  # psycopg connect kwargs, or None (SQLite)
-        self._file: Any = None
-        self._conn: Any = None
-
-    def acquire(self) -> None:
-        path = self.data_dir / "serve.lock"
-        f = path.open("a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-            f.close()
-            raise AlreadyServing(
-                f"another gpuproxy serve (pid {holder}) is running on the data dir "
-                f"{self.data_dir}: one scheduler per GPU box. Stop it first, or give this one "
-                "its own GPUPROXY_DATA_DIR and database if it really drives other GPUs."
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._file = f
-        if self.database is not None:
-            import psycopg
-
-            conn = psycopg.connect(**self.database, autocommit=True)
-            got = conn.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone()[0]
-            if not got:
-                conn.close()
-                self.release()
-                where = (f"{self.database.get('dbname')!r} on "
-                         f"{self.database.get('host') or 'localhost'}")
-                raise AlreadyServing(
-                    f"another gpuproxy serve is using the database {where}: one scheduler per "
-                    "GPU box. Stop it first, or point this one at its own database "
-                    "(DATABASE_URL).")
-            self._conn = conn
-
-    def release(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._file, fcntl.LOCK_UN)
-                self._file.close()
-            self._file = None

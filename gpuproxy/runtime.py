@@ -4,6 +4,13 @@
 on first use in whichever loop Daphne runs. Database work from async code runs on one
 dedicated thread, never on asgiref's shared thread-sensitive executor: a hung query there
 stalls every Channels consumer (`django-stack-notes.md` §6).
+
+During a database outage that thread would wait the pool timeout (10 s) for every call, and
+the calls queue behind each other: the activity API hung. So `run_db` refuses at once, with
+`DatabaseUnavailable`, while the instance lock's own check (gpuproxy/instance.py, every
+GPUPROXY_LOCK_CHECK_SECONDS on a connection outside the pool) says the database does not
+answer; a normal call pays one attribute read for it. `database_problem()` says the same in
+words for `/health`.
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from django.db import close_old_connections
+from django.db import OperationalError, close_old_connections
 
 from activity.writer import writer as activity_writer
-from gpuproxy import metrics, relay
+from gpuproxy import instance, metrics, relay
 from gpuproxy.orphans import ProcessRecords
 from gpuproxy.perfmon import PerfMonitor
 from gpuproxy.run_loop import RunLoop
@@ -33,8 +40,28 @@ logger = logging.getLogger("gpuproxy.runtime")
 _db_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuproxy-db")
 
 
+class DatabaseUnavailable(OperationalError):
+    """The database is known to be unreachable: refused without waiting for the pool."""
+
+
+def database_problem() -> str | None:
+    """None while the database answers; else what is wrong, since when, and what that means
+    for requests, in words for a person (`/health`, the activity API's 503)."""
+    lock = instance.current()
+    status = lock.database_status() if lock is not None else None
+    if status is None:
+        return None
+    buffered = activity_writer().buffered
+    return (f"database unreachable since {status.since.isoformat().replace('+00:00', 'Z')} "
+            f"({status.detail}); requests are served, activity rows are buffered "
+            f"({buffered} waiting)")
+
+
 async def run_db(fn: Callable[[], T]) -> T:
-    """Run ORM code on the dedicated database thread and return its result."""
+    """Run ORM code on the dedicated database thread and return its result; raise
+    DatabaseUnavailable at once during a known outage."""
+    if (problem := database_problem()) is not None:
+        raise DatabaseUnavailable(problem)
 
     def call() -> T:
         close_old_connections()
@@ -106,8 +133,11 @@ class Runtime:
         failing = False
         owed = False  # told to reload, but the database was away: retry at the next turn
         while True:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
+            # is set (a NOTIFY at shutdown), and shutdown() then waited for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload_wanted.wait(), every)
+                async with asyncio.timeout(every):
+                    await self._reload_wanted.wait()
             told = self._reload_wanted.is_set() or owed
             self._reload_wanted.clear()
             metrics.publish_loop_tasks(len(asyncio.all_tasks()))
@@ -176,12 +206,22 @@ class Runtime:
         self.run_loop.settings_changed(catalog.scheduler_config())
         self.perf.configure(catalog.performance_monitoring, catalog.performance_interval)
 
+    async def drain(self) -> None:
+        """The start of a graceful stop: every queued or loading request is answered 503
+        `shutting_down` by the scheduler (and any that comes later); requests in flight go
+        on, and their upstreams keep running until `shutdown()`."""
+        await self.run_loop.shutdown()
+
     async def shutdown(self) -> None:
-        for task in (self._watcher, self._listener):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        helpers = [t for t in (self._watcher, self._listener) if t is not None]
+        for task in helpers:
+            task.cancel()
+        if helpers:
+            # Bounded: a helper that does not end must not keep the upstreams running.
+            _, stuck = await asyncio.wait(helpers, timeout=5)
+            for task in stuck:
+                logger.error("shutdown: %s did not stop within 5 s of its cancel; going on",
+                             task.get_name())
         await self.perf.stop()
         metrics.publish_perf_monitor(None)
         await self.run_loop.shutdown()
@@ -237,9 +277,26 @@ def current() -> Runtime | None:
     return _runtime if _loop is loop else None
 
 
+async def _finish_starting(within: float = 30.0) -> None:
+    """A stop that lands while `get()` is building the runtime (a SIGTERM right after start)
+    waits for it, so what it starts is stopped too."""
+    starting = _starting
+    if _runtime is None and starting is not None and not starting.done():
+        await asyncio.wait({starting}, timeout=within)
+
+
+async def drain() -> None:
+    """Answer every waiter, let work in flight go on (see `Runtime.drain`); safe when nothing
+    was started."""
+    await _finish_starting()
+    if _runtime is not None:
+        await _runtime.drain()
+
+
 async def shutdown() -> None:
     """Answer every waiter and stop every upstream; safe when nothing was started."""
     global _runtime, _loop, _starting
+    await _finish_starting()
     runtime, _runtime, _loop, _starting = _runtime, None, None, None
     if runtime is not None:
         await runtime.shutdown()

@@ -7,7 +7,19 @@ GPUPROXY_SECRET_KEY Django's secret key; else one is generated once into the dat
 GPUPROXY_DEBUG      1 turns DEBUG on; never in production
 GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
 GPUPROXY_ALLOWED_HOSTS comma-separated (default *: the proxy normally sits on loopback or a LAN)
-GPUPROXY_MAX_BODY_MB  largest request body accepted by the proxy (default 32)
+GPUPROXY_MAX_BODY_MB  largest request body accepted by the proxy (default 32), in MiB (the
+                    GPUPROXY_MAX_BODY_BYTES setting); checked at the edge (gpuproxy/edge.py)
+                    from Content-Length before the body is read (413, also instead of
+                    `100 Continue`) and as a chunked body arrives
+GPUPROXY_HEADER_TIMEOUT_SECONDS the request line and headers must arrive within this many
+                    seconds of their first byte (default 30), else 408 and the connection
+                    closes; bodies and responses are never timed (an inference takes minutes)
+GPUPROXY_SHUTDOWN_GRACE_SECONDS on SIGTERM/SIGINT, how long requests in flight may finish
+                    before the upstreams stop (default 30); new and queued requests get 503
+                    `shutting_down` meanwhile, and a second signal ends the wait at once
+GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-database lock's own connection is
+                    checked, and the lock re-taken after a database outage (default 1); the
+                    same check makes /health say `degraded` while the database is unreachable
 """
 
 from __future__ import annotations
@@ -37,6 +49,18 @@ def env_int(name: str, default: str) -> int:
         return int(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+
+
+def env_float(name: str, default: str, *, minimum: float = 0.0) -> float:
+    value = os.environ.get(name, default)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number of seconds") from None
+    if not minimum <= number < float("inf"):  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={value!r} must be a finite number of seconds, "
+                                   f"at least {minimum:g}")
+    return number
 
 
 def sqlite_database(path: Path | str) -> dict:
@@ -190,3 +214,7 @@ LOGGING = {
 
 # Largest request body the proxy accepts (413 above it); images and audio need room.
 GPUPROXY_MAX_BODY_BYTES = env_int("GPUPROXY_MAX_BODY_MB", "32") * 1024 * 1024
+# A client that trickles its request head holds a connection; bodies and answers are not timed.
+GPUPROXY_HEADER_TIMEOUT = env_float("GPUPROXY_HEADER_TIMEOUT_SECONDS", "30", minimum=0.1)
+GPUPROXY_SHUTDOWN_GRACE = env_float("GPUPROXY_SHUTDOWN_GRACE_SECONDS", "30")
+GPUPROXY_LOCK_CHECK = env_float("GPUPROXY_LOCK_CHECK_SECONDS", "1", minimum=0.05)

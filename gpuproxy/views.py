@@ -12,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from gpuproxy import runtime
 from gpuproxy.decorators import api_view, json_error
+from gpuproxy.guard import client_reason
 from gpuproxy.logbuffer import PROXY
 from gpuproxy.logbuffer import registry as log_registry
 from scheduling.core.errors import ModelNotFound, SchedulingError
@@ -19,6 +20,13 @@ from scheduling.core.errors import ModelNotFound, SchedulingError
 
 @csrf_exempt  # any method answers: a POST without a CSRF token must not get Django's 403 page
 async def health(request: HttpRequest) -> HttpResponse:
+    """`OK`, or `degraded: <why>` while the database is unreachable: still 200, because the
+    proxy serves requests without it (a load balancer must not take it out), but a person or a
+    monitor reading the body learns what is wrong. While draining at shutdown the edge answers
+    503 instead (gpuproxy/edge.py)."""
+    problem = runtime.database_problem()
+    if problem is not None:
+        return HttpResponse(f"degraded: {problem}", content_type="text/plain; charset=utf-8")
     return HttpResponse("OK", content_type="text/plain")
 
 
@@ -195,8 +203,9 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django's 400s (a malformed Host header, over DATA_UPLOAD_MAX_NUMBER_FIELDS query
-    fields, an unreadable multipart body, ...), in the envelope instead of an HTML page."""
-    detail = str(exception) if exception is not None and str(exception) else "bad request"
+    fields, an unreadable multipart body, ...), in the envelope instead of an HTML page; the
+    message never carries a path of this machine (`guard.client_reason`)."""
+    detail = client_reason(exception) if exception is not None else "bad request"
     return json_error(400, f"{detail} ({request.method} {request.path})", code="bad_request")
 
 

@@ -811,14 +811,14 @@ def _raw_exchange(port: int, request: bytes, timeout: float = 10) -> bytes:
 
 
 def test_oversized_headers_are_refused_and_the_server_lives(serve):
-    """Twisted (under Daphne) bounds the request head: each line at 16,384 bytes
-    (`LineReceiver.MAX_LENGTH`), the request line plus all header lines at 16,384 bytes in
-    total (`HTTPChannel.totalHeadersSize`) and 500 header lines (`maxHeaders`). Past the
-    total or the count it answers a bare `400 Bad Request` and closes; a single line past
-    MAX_LENGTH (a 100 KB header, a 100 KB URL) closes the connection with no answer at all
-    (`lineLengthExceeded`). It refuses NUL, CR and LF in header values and any non-ASCII or
-    control byte in the request line the same bare way. No such request reaches the
-    application, and the server carries on."""
+    """The request head is bounded: each line at 16,384 bytes (Twisted's
+    `LineReceiver.MAX_LENGTH`), the request line plus all header lines at 16,384 bytes in
+    total (`HTTPChannel.totalHeadersSize`) and 500 header lines (`maxHeaders`). Past a limit
+    the edge (gpuproxy/edge.py) answers in the OpenAI envelope and closes: 414 for a request
+    line too long, 431 for a header line, the total or the count, never a bare 400 nor a
+    dropped connection. NUL, CR and LF in header values and any non-ASCII or control byte in
+    the request line get 400. No such request reaches the application, and the server carries
+    on."""
     proxy = serve(config(free_port()))
     port = int(proxy.base.rsplit(":", 1)[1])
     close = b"Host: x\r\nConnection: close\r\n"
@@ -826,25 +826,25 @@ def test_oversized_headers_are_refused_and_the_server_lives(serve):
     many_small = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
                   + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 100) for i in range(200))
                   + b"\r\n")  # 20 KB of headers, every line short
-    assert _raw_exchange(port, many_small).startswith(b"HTTP/1.1 400 ")
+    assert _raw_exchange(port, many_small).startswith(b"HTTP/1.1 431 ")
 
     too_many = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
                 + b"".join(b"X-%d: 1\r\n" % i for i in range(600)) + b"\r\n")
-    assert _raw_exchange(port, too_many).startswith(b"HTTP/1.1 400 ")
+    assert _raw_exchange(port, too_many).startswith(b"HTTP/1.1 431 ")
 
     one_huge = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000
                 + b"\r\n\r\n")
     answer = _raw_exchange(port, one_huge)
-    assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
 
     huge_priority = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 2\r\n"
                      b"X-LlamaSwap-Priority: " + b"9" * 100_000 + b"\r\n\r\n{}")
     answer = _raw_exchange(port, huge_priority)
-    assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
 
     long_url = b"GET /v1/models?" + b"a" * 100_000 + b" HTTP/1.1\r\n" + close + b"\r\n"
-    assert _raw_exchange(port, long_url) == b""
+    assert _raw_exchange(port, long_url).startswith(b"HTTP/1.1 414 ")
 
     nul = b"GET /v1/models HTTP/1.1\r\n" + close + b"X-A: a\x00b\r\n\r\n"
     assert _raw_exchange(port, nul).startswith(b"HTTP/1.1 400 ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,7 +94,10 @@ def test_errors_are_openai_shaped(serve):
     assert r.status_code == 502
     message = r.json()["error"]["message"]
     assert '"broken"' in message and "code 1" in message
-    assert "simulated start failure" in message  # the upstream's own output tail
+    # the public start failure: what happened, never the upstream's output (the log has it)
+    assert "the proxy's log has the details" in message
+    assert "simulated start failure" not in message
+    assert "simulated start failure" in proxy.output()
     assert proxy.http.get("/running").json() == {"running": []}
 
     r = proxy.http.get("/api/models/load/alpha")
@@ -215,3 +219,23 @@ def test_example_config_serves_the_demo(serve):
         assert {c.system_fingerprint for c in chunks} == {f"fakellm:{model}:{ports[model]}"}
     assert proxy.http.post("/api/models/unload").status_code == 200
     assert proxy.http.get("/running").json() == {"running": []}
+
+
+def test_a_port_that_cannot_be_listened_on_is_a_failed_start(tmp_path):
+    """A service manager (systemd, `make run`, a script) must see a failed start, not a clean
+    stop: the field report's `serve` on a taken port exited 0."""
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(f"startPort: {free_port()}\nmodels:\n  m:\n    cmd: {FAKE}\n")
+    env = {**os.environ, "DATABASE_URL": database_url(),
+           "GPUPROXY_DATA_DIR": str(tmp_path / "data")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
+             "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "Address already in use" in r.stderr, r.stderr

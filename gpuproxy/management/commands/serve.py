@@ -1,8 +1,18 @@
 """`gpuproxy serve`: migrate, import a llama-swap config, run Daphne, preload, stop cleanly.
 
-On SIGTERM/SIGINT Daphne stops its reactor; a "before shutdown" trigger stops every upstream
-(graceful signal, then SIGKILL after each model's unload timeout) before the process exits, so
-no inference server outlives the proxy.
+Stopping, in order (`Stopping`):
+
+1. SIGTERM or SIGINT starts a drain: every new request gets 503 `shutting_down` at the edge
+   (gpuproxy/edge.py), the run loop answers every queued or loading request the same way, and
+   the requests in flight may finish for GPUPROXY_SHUTDOWN_GRACE_SECONDS. The log says what it
+   waits for. A second signal ends the wait at once.
+2. Then the reactor stops; a "before shutdown" trigger stops every upstream (graceful signal,
+   then SIGKILL after each model's unload timeout) before the process exits, so no inference
+   server outlives the proxy, and Daphne cancels what is still running.
+
+The exit status tells a service manager what happened: 0 for a requested stop; non-zero (with
+the reason on stderr) when the port cannot be listened on, or when the one-proxy-per-database
+lock went to another instance (gpuproxy/instance.py).
 """
 
 from __future__ import annotations
@@ -10,15 +20,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 from pathlib import Path
+from typing import Any
 
 # Daphne installs Twisted's asyncio reactor on import; it must come before anything else
 # imports twisted.internet.reactor.
-import daphne.server  # noqa: F401  isort:skip
+import daphne.server  # isort:skip
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gpuproxy.orphans import AlreadyServing, InstanceLock
+from gpuproxy import edge
+from gpuproxy.instance import AlreadyServing, InstanceLock
 
 logger = logging.getLogger("gpuproxy.serve")
 
@@ -89,6 +102,139 @@ def quiet_twisted_http() -> None:
     HTTPFactory.log = lambda self, request: None
 
 
+class ProxyServer(daphne.server.Server):
+    """Daphne's server, keeping why it could not listen (Daphne logs it and stops, and the
+    process would exit 0)."""
+
+    listen_failure: str | None = None
+
+    def listen_error(self, failure: Any) -> None:
+        # CannotListenError's own message repeats the address; the OS error is the news.
+        self.listen_failure = str(getattr(failure.value, "socketError", None)
+                                  or failure.getErrorMessage())
+        super().listen_error(failure)
+
+
+def _described(requests: list[tuple[float, str]], most: int = 10) -> str:
+    text = ", ".join(f"{what} ({seconds:.0f} s)" for seconds, what in requests[:most])
+    return text + (f" and {len(requests) - most} more" if len(requests) > most else "")
+
+
+class Stopping:
+    """How `serve` ends: a drain on the first SIGTERM/SIGINT, at once on the second, at once
+    and with an error when the instance lock is lost (`fail`)."""
+
+    PROGRESS_EVERY = 5.0  # seconds between "still waiting for ..." lines
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.signals = 0
+        self.failure: str | None = None
+        self._cut: asyncio.Event | None = None
+        self._task: asyncio.Future | None = None
+
+    def install(self) -> None:
+        """Replace Twisted's handlers (they stop the reactor at once and ignore a second
+        signal). Called once the reactor runs."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        from twisted.internet import reactor
+
+        reactor.callFromThread(self._signalled, signal.Signals(signum).name)
+
+    def _signalled(self, name: str) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self._cut = asyncio.Event()
+            self._task = asyncio.ensure_future(self._drain(name))
+        elif self.signals == 2 and self._task is not None and not self._task.done():
+            left = edge.in_flight()
+            logger.warning("%s again (a second signal): ending the drain now; %d request(s) "
+                           "still in flight are cut: %s", name, len(left), _described(left))
+            assert self._cut is not None
+            self._cut.set()
+        else:
+            logger.warning("%s: already stopping the upstreams (each within its unloadTimeout, "
+                           "then SIGKILL)", name)
+
+    def fail(self, message: str) -> None:
+        """Stop now with an error (any thread): this instance must not go on."""
+        from twisted.internet import reactor
+
+        reactor.callFromThread(self._fail, message)
+
+    def _fail(self, message: str) -> None:
+        logger.error(message)
+        if self.failure is None:
+            self.failure = message
+        edge.start_draining()
+        self._stop_reactor()
+
+    async def _drain(self, name: str) -> None:
+        from gpuproxy import runtime
+
+        edge.start_draining()
+        logger.info("%s: draining; new requests get 503 shutting_down, and so do queued ones",
+                    name)
+        try:
+            await runtime.drain()
+            left = edge.in_flight()
+            if not left:
+                logger.info("drained: no request in flight")
+            elif self.grace <= 0:
+                logger.warning("no grace period (GPUPROXY_SHUTDOWN_GRACE_SECONDS=0): cutting "
+                               "%d request(s) in flight: %s", len(left), _described(left))
+            else:
+                logger.info("waiting up to %g s for %d request(s) in flight to finish: %s "
+                            "(GPUPROXY_SHUTDOWN_GRACE_SECONDS; a second SIGTERM or SIGINT "
+                            "stops at once)", self.grace, len(left), _described(left))
+                await self._wait()
+        except Exception:
+            logger.exception("the drain failed; stopping now")
+        self._stop_reactor()
+
+    async def _wait(self) -> None:
+        assert self._cut is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        idle = asyncio.ensure_future(edge.wait_idle())
+        cut = asyncio.ensure_future(self._cut.wait())
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    left = edge.in_flight()
+                    logger.warning("the grace period of %g s is over: cutting %d request(s) "
+                                   "still in flight: %s", self.grace, len(left),
+                                   _described(left))
+                    return
+                done, _ = await asyncio.wait({idle, cut}, timeout=min(remaining,
+                                                                      self.PROGRESS_EVERY),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if idle in done:
+                    logger.info("drained: every request in flight has finished")
+                    return
+                if cut in done:
+                    return
+                left = edge.in_flight()
+                logger.info("still waiting (%.0f s left) for %d request(s): %s",
+                            deadline - loop.time(), len(left), _described(left))
+        finally:
+            idle.cancel()
+            cut.cancel()
+
+    @staticmethod
+    def _stop_reactor() -> None:
+        from twisted.internet import error, reactor
+
+        try:
+            reactor.stop()
+        except error.ReactorNotRunning:
+            pass
+
+
 class Command(BaseCommand):
     help = "Run the proxy: migrate, import --config (a llama-swap config.yaml), serve with Daphne."
 
@@ -107,11 +253,12 @@ class Command(BaseCommand):
         if options["config"]:
             self.import_config(options["config"])
 
-        from daphne.server import Server
+        from django.conf import settings
         from twisted.internet import defer, reactor
 
         from gpuproxy import runtime
         from gpuproxy.asgi import application
+        from scheduling.catalog import build_catalog
         from scheduling.models import ProxySettings
 
         left = runtime.upstream_records().sweep()
@@ -121,6 +268,7 @@ class Command(BaseCommand):
 
         preload_list = list(ProxySettings.load().preload)
         background: set[asyncio.Future] = set()
+        stopping = Stopping(settings.GPUPROXY_SHUTDOWN_GRACE)
 
         def on_running() -> None:
             # Everything loaded at start lives as long as the process: keep it out of the
@@ -128,6 +276,8 @@ class Command(BaseCommand):
             gc.collect()
             gc.freeze()
             logger.info("gpuproxy listening on http://%s:%d", host, port)
+            stopping.install()
+            lock.watch(stopping.fail)
             task = asyncio.ensure_future(start(preload_list))
             background.add(task)
             task.add_done_callback(background.discard)
@@ -137,9 +287,11 @@ class Command(BaseCommand):
             return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.shutdown()))
 
         quiet_twisted_http()
+        edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
+                     build_catalog().api_keys)
         reactor.callWhenRunning(on_running)
         reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
-        Server(
+        server = ProxyServer(
             application=application,
             endpoints=[endpoint_for(host, port)],
             signal_handlers=True,
@@ -151,8 +303,14 @@ class Command(BaseCommand):
             # Name the product, not the stack under it (daphne, its version): no help to an
             # attacker, and what an operator sees in a client's error report.
             server_name="gpuproxy",
-        ).run()
+        )
+        server.run()
         lock.release()
+        if server.listen_failure is not None:
+            raise CommandError(f"cannot listen on {host}:{port}: {server.listen_failure}. Stop "
+                               "what holds the port, or pass another --listen HOST:PORT.")
+        if stopping.failure is not None:
+            raise CommandError(stopping.failure)
         logger.info("gpuproxy stopped")
 
     def lock_instance(self) -> InstanceLock:
@@ -164,7 +322,7 @@ class Command(BaseCommand):
 
         params = (own_connection_params() if connections["default"].vendor == "postgresql"
                   else None)
-        lock = InstanceLock(settings.DATA_DIR, params)
+        lock = InstanceLock(settings.DATA_DIR, params, check_every=settings.GPUPROXY_LOCK_CHECK)
         try:
             lock.acquire()
         except AlreadyServing as exc:
