@@ -21,7 +21,7 @@ from gpuproxy.upstreams import Upstreams
 from scheduling.core import effects as fx
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import Scheduler
-from scheduling.core.errors import QueueTimeout, SchedulingError
+from scheduling.core.errors import QueueTimeout, SchedulingError, ShuttingDown
 from scheduling.core.events import (
     Cancelled,
     Event,
@@ -210,6 +210,8 @@ class RunLoop:
                     return await self.acquire(model, priority, watch=watch)
             except TimeoutError:
                 raise QueueTimeout(model, deadline) from None
+        if self._closed:  # the loop takes no more events: waiting would be forever
+            raise ShuttingDown()
         loop = asyncio.get_running_loop()
         waiting = Waiting(loop.create_future(), model=model)
         if watch is not None:
@@ -240,7 +242,10 @@ class RunLoop:
         return grant.model
 
     async def unload(self, models: Iterable[str]) -> None:
-        """Stop these models through the scheduler (so no swap races the stop)."""
+        """Stop these models through the scheduler (so no swap races the stop). After the
+        run loop's shutdown there is nothing to do: shutdown stops every upstream."""
+        if self._closed:
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.post(UnloadRequested(tuple(models), self.now(), done))
         await done

@@ -14,7 +14,7 @@ import pytest
 from gpuproxy.run_loop import RunLoop
 from gpuproxy.upstreams import Upstreams
 from scheduling.catalog import Catalog, CatalogModel
-from scheduling.core.errors import SwapFailed
+from scheduling.core.errors import ShuttingDown, SwapFailed
 from scheduling.core.events import Event, ModelExited
 from scheduling.core.policies import make_scheduler
 from tests.test_process_escapes import no_leftovers
@@ -91,3 +91,12 @@ async def test_an_unload_storm_while_requests_wait_for_loads_wedges_nothing(
     s = run_loop.scheduler
     assert (s.queued(), s.active_swaps(), s.in_flight("fake")) == ([], {}, 0)
     assert await asyncio.wait_for(load(), DEADLINE) == "served"
+
+
+async def test_after_shutdown_acquire_and_unload_answer_at_once(run_loop: RunLoop) -> None:
+    """A request that passed the edge just before a drain began reaches a run loop that has
+    stopped taking events: it must get 503 shutting_down, not wait on a dead queue."""
+    await asyncio.wait_for(run_loop.shutdown(), DEADLINE)
+    with pytest.raises(ShuttingDown):
+        await asyncio.wait_for(run_loop.acquire("fake"), DEADLINE)
+    await asyncio.wait_for(run_loop.unload(["fake"]), DEADLINE)  # nothing left to stop
