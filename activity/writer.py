@@ -181,8 +181,11 @@ class ActivityWriter:
         while not self._closing:
             if len(self._buf) < self.batch_size:
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancel that lands as the event is set, and close() would wait for us.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.interval)
+                    async with asyncio.timeout(self.interval):
+                        await self._wake.wait()
             if self._closing:
                 break
             while self._buf and not self._closing:
@@ -196,7 +199,8 @@ class ActivityWriter:
                 if not ok:
                     self._urgent.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._urgent.wait(), self._backoff)
+                        async with asyncio.timeout(self._backoff):
+                            await self._urgent.wait()
                     break
 
     def _ensure_async_state(self) -> None:

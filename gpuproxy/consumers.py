@@ -472,8 +472,11 @@ class ProxyConsumer(AsyncHttpConsumer):
             else:
                 await self.send_body(b": waiting for the model\n\n", more_body=True)
             waiting.position_changed.clear()
+            # Not wait_for: on Python 3.11 it can swallow the cancel `forward` sends as
+            # the position changes, and `forward` would then wait for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiting.position_changed.wait(), KEEPALIVE)
+                async with asyncio.timeout(KEEPALIVE):
+                    await waiting.position_changed.wait()
 
     async def start_stream(self) -> None:
         self._responded = True

@@ -162,8 +162,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         rt = await runtime.get()
         while True:
             refresh = BUSY_REFRESH if inflight.snapshot() else IDLE_REFRESH
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), refresh)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see runtime._watch
+                async with asyncio.timeout(refresh):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.send_json({"type": "state", "state": state(rt)})
