@@ -34,7 +34,8 @@ from activity.record import RequestRecord
 from activity.usage import UsageParser
 from activity.writer import writer as activity_writer
 from gpuproxy import inflight, metrics, relay, runtime
-from gpuproxy.auth import WWW_AUTHENTICATE, key_name, presented_key
+from gpuproxy.auth import KEY_REQUIRED, WWW_AUTHENTICATE, admin_required, caller, presented_key
+from gpuproxy.exposure import SCOPE_KEY, proxy_path_needs_admin
 from gpuproxy.inference import (
     FORM_PATHS,
     INFERENCE_PATHS,
@@ -232,6 +233,15 @@ class ProxyConsumer(AsyncHttpConsumer):
 
     # ---- responses --------------------------------------------------------------------------
 
+    async def send_headers(self, *, status: int = 200,
+                           headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Every answer's head: the upstream's own CORS headers out (llama.cpp echoes any
+        Origin, and allows credentials on its preflights), the exposure policy's in
+        (gpuproxy/exposure.py), so a page sees one set, ours."""
+        kept = [(k, v) for k, v in headers or () if not k.lower().startswith(b"access-control-")]
+        await super().send_headers(status=status, headers=kept + list(
+            self.scope.get(SCOPE_KEY, ())))
+
     async def send_json(self, status: int, body: bytes,
                         headers: list[tuple[bytes, bytes]] | None = None,
                         outcome: str = "") -> None:
@@ -257,23 +267,27 @@ class ProxyConsumer(AsyncHttpConsumer):
         rt = await runtime.get()
         catalog = rt.catalog
         headers = self.headers
+        path: str = self.scope["path"]
+        method: str = self.scope["method"]
         if catalog.api_keys:
             key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
                                 headers.get(b"x-api-key", b"").decode("latin-1"))
-            name = key_name(key, catalog.api_keys)
-            if name is None:
+            who = caller(key, catalog.api_keys, catalog.admin_keys)
+            if who is None:
                 await self.send_json(401, error_body(
-                    "a valid API key is required: send Authorization: Bearer <key>",
-                    "authentication_error", "invalid_api_key"),
+                    KEY_REQUIRED, "authentication_error", "invalid_api_key"),
                     [(b"www-authenticate", WWW_AUTHENTICATE.encode())],
                     outcome=outcomes.UNAUTHORIZED)
                 return
             if self.rec is not None:
-                self.rec.client = name
+                self.rec.client = who.name
+            if proxy_path_needs_admin(path) and not who.admin:
+                await self.send_json(403, error_body(
+                    admin_required(path), "permission_error", "admin_key_required"),
+                    outcome=outcomes.UNAUTHORIZED)
+                return
             if key:
                 self._drop = relay.credential_drop(headers, key)
-        path: str = self.scope["path"]
-        method: str = self.scope["method"]
         malformed = self.malformed(path)
         if malformed is not None:
             await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gpuproxy import runtime
-from gpuproxy.auth import WWW_AUTHENTICATE, key_name
+from gpuproxy.auth import KEY_REQUIRED, WWW_AUTHENTICATE, admin_required, caller
 from gpuproxy.auth import presented_key as _presented
 
 View = Callable[..., Awaitable[HttpResponse]]
@@ -30,11 +30,20 @@ def presented_key(request: HttpRequest) -> str | None:
                       request.headers.get("X-Api-Key", ""))
 
 
-def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
+def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View], View]:
     """An async JSON API view: method check, API key check (when keys exist), no CSRF.
 
+    `admin`: only admin keys may call it (401 without a valid key, 403 with another one). The
+    default, so that an endpoint added later is for admins unless it says otherwise; the
+    ones any key holder may call say `admin=False` (docs/security.md, "Who can do what").
+    The view finds who called in `request.caller` (an `auth.Caller`, None without keys).
+
+    The returned view carries `requires_api_key` and `requires_admin_key`: the edge
+    (gpuproxy/edge.py) reads them to refuse an upload on the request head alone.
+
     The API is for programs sending bearer tokens, not for browsers with a session, so CSRF
-    does not apply; the admin keeps its own protection.
+    does not apply (the Origin check of gpuproxy/exposure.py still does); the admin keeps its
+    own protection.
     """
 
     def wrap(view: View) -> View:
@@ -46,14 +55,22 @@ def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
                                   code="method_not_allowed",
                                   headers={"Allow": ", ".join(methods)})
             catalog = (await runtime.get()).catalog
+            request.caller = None
             if catalog.api_keys:
-                if key_name(presented_key(request), catalog.api_keys) is None:
-                    return json_error(
-                        401, "a valid API key is required: send Authorization: Bearer <key>",
-                        type_="authentication_error", code="invalid_api_key",
-                        headers={"WWW-Authenticate": WWW_AUTHENTICATE})
+                who = caller(presented_key(request), catalog.api_keys, catalog.admin_keys)
+                if who is None:
+                    return json_error(401, KEY_REQUIRED, type_="authentication_error",
+                                      code="invalid_api_key",
+                                      headers={"WWW-Authenticate": WWW_AUTHENTICATE})
+                if admin and not who.admin:
+                    return json_error(403, admin_required(request.path),
+                                      type_="permission_error", code="admin_key_required")
+                request.caller = who
             return await view(request, *args, **kwargs)
 
-        return csrf_exempt(wrapped)
+        exempt = csrf_exempt(wrapped)
+        exempt.requires_api_key = True  # type: ignore[attr-defined]
+        exempt.requires_admin_key = admin  # type: ignore[attr-defined]
+        return exempt
 
     return wrap

@@ -8,8 +8,10 @@ Twisted's HTTP channel, on the request head:
 
 - a draining proxy (SIGTERM) answers 503 `shutting_down` to every new request;
 - a request that announces a body on a path that needs an API key, without a valid key, gets
-  401 before a byte of the body is read (bodiless requests are left to the application, whose
-  own check answers them the same way and keeps the connection);
+  401 before a byte of the body is read, and with a key that is not an admin key on a path
+  for admin keys, 403 (bodiless requests are left to the application, whose own check
+  answers them the same way and keeps the connection). Which paths: the proxy's own, and the
+  Django views that `decorators.api_view` marks (`requires_api_key`, `requires_admin_key`);
 - a Content-Length over GPUPROXY_MAX_BODY_BYTES gets 413 at once; a chunked body is counted
   as it arrives and cut at the limit;
 - only then is `100 Continue` sent, so a client that asked gets the final status instead;
@@ -20,11 +22,13 @@ Twisted's HTTP channel, on the request head:
   with no status: 414 / 431 now, and the other malformed-head cases get their 400 in the
   OpenAI envelope too.
 
-A refused request is answered with `Connection: close`, the write side is shut, and what the
-client still sends is read and dropped for a while (a lingering close, as nginx does), so a
-client busy uploading reads the answer instead of a connection reset. Refusals on the proxy's
-own paths write the same activity row the consumer would (`unauthorized`, `bad_request`,
-`shutting_down`).
+These refusals carry the CORS headers the exposure policy gives the path (gpuproxy/exposure.py,
+which the application applies to everything else: the Host allow-list, the Origin check), so
+a page on another origin can read why. A refused request is answered with `Connection:
+close`, the write side is shut, and what the client still sends is read and dropped for a
+while (a lingering close, as nginx does), so a client busy uploading reads the answer instead
+of a connection reset. Refusals on the proxy's own paths write the same activity row the
+consumer would (`unauthorized`, `bad_request`, `shutting_down`).
 
 The requests in flight are counted here too (`in_flight()`), for the drain at shutdown.
 """
@@ -48,8 +52,8 @@ logger = logging.getLogger("gpuproxy.edge")
 LINGER_IDLE = 2.0  # seconds without a byte from the client before a refused connection closes
 LINGER_MAX = 30.0  # and at the longest, however much it still sends
 
-_REASONS = {400: b"Bad Request", 401: b"Unauthorized", 408: b"Request Timeout",
-            413: b"Content Too Large", 414: b"URI Too Long",
+_REASONS = {400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+            408: b"Request Timeout", 413: b"Content Too Large", 414: b"URI Too Long",
             431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -117,61 +121,98 @@ def _untrack(request: Any) -> None:
 
 # ---- which paths need a key, and whether the head carries one ---------------------------------
 
-_api_view_code: Any = None
 _proxy_pattern: re.Pattern[str] | None = None
+KEY, ADMIN = "key", "admin"
 
 
-def _needs_key(path: str) -> bool:
-    """Whether the application would ask this path for an API key: the proxy's own paths
-    (routing.PROXY_PATTERN) and the views made with `decorators.api_view`."""
-    global _api_view_code, _proxy_pattern
+def _is_proxy_path(path: str) -> bool:
+    global _proxy_pattern
     if _proxy_pattern is None:
-        from gpuproxy.decorators import api_view
         from gpuproxy.routing import PROXY_PATTERN
 
         _proxy_pattern = re.compile(PROXY_PATTERN)
-        # Every view api_view wraps runs this one code object: the mark of "needs a key".
-        _api_view_code = api_view(("GET",))(_probe_view).__wrapped__.__code__
-    if _proxy_pattern.match(path.lstrip("/")):
-        return True
+    return bool(_proxy_pattern.match(path.lstrip("/")))
+
+
+def _required(path: str) -> str | None:
+    """What the application will ask of this path once keys exist: KEY, ADMIN or nothing.
+    The proxy's own paths (routing.PROXY_PATTERN, `/upstream/` for admins), and the views
+    made with `decorators.api_view`, which mark themselves (`requires_api_key`,
+    `requires_admin_key`)."""
+    if _is_proxy_path(path):
+        from gpuproxy.exposure import proxy_path_needs_admin
+
+        return ADMIN if proxy_path_needs_admin(path) else KEY
     from django.urls import Resolver404, resolve
 
     try:
         view: Any = resolve(path).func
     except Resolver404:
-        return False
+        return None
     except Exception:  # a path Django cannot even route: the application answers it
-        return False
+        return None
     while view is not None:
-        if getattr(view, "__code__", None) is _api_view_code:
-            return True
+        if getattr(view, "requires_api_key", False):
+            return ADMIN if getattr(view, "requires_admin_key", False) else KEY
         view = getattr(view, "__wrapped__", None)
-    return False
+    return None
 
 
-async def _probe_view(request: Any) -> Any:  # pragma: no cover - never called
-    raise NotImplementedError
-
-
-def _is_proxy_path(path: str) -> bool:
-    _needs_key("/")  # compiles the pattern once
-    assert _proxy_pattern is not None
-    return bool(_proxy_pattern.match(path.lstrip("/")))
-
-
-def _key_refused(request: Any, path: str) -> bool:
+def _keys() -> tuple[dict[str, str], frozenset[str] | None]:
+    """The key hashes, and the admin ones (None before the runtime exists: the hashes read at
+    start carry no rank, so the application decides that)."""
     from gpuproxy import runtime
-    from gpuproxy.auth import key_name, presented_key
 
     rt = runtime.current()
-    keys = rt.catalog.api_keys if rt is not None else limits.keys_at_start
-    if not keys or not _needs_key(path):
-        return False  # no keys: the application decides
+    if rt is None:
+        return limits.keys_at_start, None
+    return rt.catalog.api_keys, rt.catalog.admin_keys
+
+
+def _key_refusal(request: Any, path: str, keys: dict[str, str],
+                 admin_keys: frozenset[str] | None) -> Refusal | None:
+    from gpuproxy.auth import (
+        KEY_REQUIRED,
+        WWW_AUTHENTICATE,
+        admin_required,
+        caller,
+        presented_key,
+    )
+
+    if not keys:
+        return None  # no keys: the application decides
+    need = _required(path)
+    if need is None:
+        return None
     headers = request.requestHeaders
     authorization = (headers.getRawHeaders(b"authorization") or [b""])[0]
     x_api_key = (headers.getRawHeaders(b"x-api-key") or [b""])[0]
     key = presented_key(authorization.decode("latin-1"), x_api_key.decode("latin-1"))
-    return key_name(key, keys) is None
+    who = caller(key, keys, admin_keys or ())
+    if who is None:
+        return Refusal(401, "invalid_api_key", KEY_REQUIRED, "authentication_error",
+                       {"WWW-Authenticate": WWW_AUTHENTICATE}, outcome=outcomes.UNAUTHORIZED)
+    if need == ADMIN and admin_keys is not None and not who.admin:
+        return Refusal(403, "admin_key_required", admin_required(path), "permission_error",
+                       outcome=outcomes.UNAUTHORIZED)
+    return None
+
+
+def _cors_headers(request: Any, path: str, keys: dict[str, str]) -> dict[str, str]:
+    """The CORS headers the application would give this request's answer, so that a page
+    can read a refusal the edge answers (gpuproxy/exposure.py decides them)."""
+    from gpuproxy import exposure
+
+    raw = list(request.requestHeaders.getAllRawHeaders())
+    headers = [(name.lower(), values[0]) for name, values in raw if values]
+    req = exposure.request_from_headers(request.method.decode("latin-1"), path, "http",
+                                        headers)
+    if req.origin is None or exposure.host_refusal(req.host) is not None:
+        return {}
+    verdict = exposure.decide(req, bool(keys))
+    if verdict.status or verdict.preflight:
+        return {}
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in verdict.headers}
 
 
 # ---- the channel ------------------------------------------------------------------------------
@@ -290,17 +331,16 @@ class EdgeChannel(http.HTTPChannel):
             return Refusal(exc.status, exc.code, exc.message, exc.type, exc.headers(),
                            outcome=outcomes.SHUTTING_DOWN)
         path = unquote(self._path.split(b"?", 1)[0].decode("latin-1"))
+        keys, admin_keys = _keys()
+        refusal = None
         announced = self.length is None or self.length > 0  # chunked, or a Content-Length
-        if announced and _key_refused(req, path):
-            from gpuproxy.auth import WWW_AUTHENTICATE
-
-            return Refusal(401, "invalid_api_key",
-                           "a valid API key is required: send Authorization: Bearer <key>",
-                           "authentication_error", {"WWW-Authenticate": WWW_AUTHENTICATE},
-                           outcome=outcomes.UNAUTHORIZED)
-        if self.length is not None and self.length > limits.body_bytes:
-            return _body_too_large()
-        return None
+        if announced:
+            refusal = _key_refusal(req, path, keys, admin_keys)
+        if refusal is None and self.length is not None and self.length > limits.body_bytes:
+            refusal = _body_too_large()
+        if refusal is not None:
+            refusal.headers.update(_cors_headers(req, path, keys))
+        return refusal
 
     def body_chunk(self, size: int) -> bool:
         """Count a piece of the body as it arrives; False (and a 413) past the limit."""
@@ -406,7 +446,27 @@ def _body_too_large() -> Refusal:
 def _channel_factory(factory: Any) -> Any:
     """`HTTPFactory.protocol`: Twisted's wrapper (it would switch to HTTP/2 after ALPN) around
     our channel."""
+    global _listen_read
+    if not _listen_read:
+        _listen_read = True
+        _allow_listen_hosts(getattr(getattr(factory, "server", None), "endpoints", ()))
     return http._GenericHTTPChannelProtocol(EdgeChannel())
+
+
+_listen_read = False
+_INTERFACE = re.compile(r"(?:^|:)interface=((?:\\.|[^:\\])+)")
+
+
+def _allow_listen_hosts(endpoints: Any) -> None:
+    """The Host allow-list takes the name `serve --listen` was given (an address is allowed
+    anyway): read from Daphne's endpoint descriptions (`tcp:port=P:interface=H`, colons
+    escaped), the one place the listen address reaches the server."""
+    from gpuproxy.exposure import add_listen_host
+
+    for description in endpoints or ():
+        found = _INTERFACE.search(str(description))
+        if found:
+            add_listen_host(re.sub(r"\\(.)", r"\1", found.group(1)))
 
 
 # ---- installing it into Daphne ---------------------------------------------------------------

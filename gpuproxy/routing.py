@@ -1,10 +1,11 @@
 """Which ASGI app answers which request.
 
-The OpenAI-compatible paths, `/v1/models` and `/upstream/...` go to `ProxyConsumer` with no
-Django middleware in the way; everything else (admin, the dashboard page, the management API)
-is Django. The one WebSocket, `/ws/dashboard`, needs the Django session (staff only) and an
-Origin of this host (checked by the consumer), so a page elsewhere cannot drive it with a
-staff member's cookie.
+Every request and WebSocket handshake first passes the exposure policy (gpuproxy/exposure.py:
+the Host allow-list, the Origin check, CORS preflights). Then the OpenAI-compatible paths,
+`/v1/models` and `/upstream/...` go to `ProxyConsumer` with no Django middleware in the way;
+everything else (admin, the dashboard page, the management API) is Django. The one WebSocket,
+`/ws/dashboard`, needs the Django session (staff only) and an Origin of this host (checked by
+the consumer), so a page elsewhere cannot drive it with a staff member's cookie.
 """
 
 from channels.auth import AuthMiddlewareStack
@@ -13,6 +14,7 @@ from django.urls import re_path
 
 from gpuproxy.consumers import ProxyConsumer
 from gpuproxy.dashboard import DashboardConsumer
+from gpuproxy.exposure import CorsHeaders, ExposureMiddleware
 from gpuproxy.inference import INFERENCE_PATHS
 
 PROXY_PATTERN = "^(" + "|".join(sorted(
@@ -22,12 +24,12 @@ PROXY_PATTERN = "^(" + "|".join(sorted(
 
 def build_application(django_asgi_app):
     proxy = ProxyConsumer.as_asgi()
-    return ProtocolTypeRouter({
+    return ExposureMiddleware(ProtocolTypeRouter({
         "http": URLRouter([
             re_path(PROXY_PATTERN, proxy),
-            re_path(r"", django_asgi_app),
+            re_path(r"", CorsHeaders(django_asgi_app)),
         ]),
         "websocket": AuthMiddlewareStack(URLRouter([
             re_path(r"^ws/dashboard$", DashboardConsumer.as_asgi()),
         ])),
-    })
+    }))

@@ -6,7 +6,13 @@ DATABASE_URL        postgres://user:pass@host:port/db switches to PostgreSQL (ps
 GPUPROXY_SECRET_KEY Django's secret key; else one is generated once into the data dir
 GPUPROXY_DEBUG      1 turns DEBUG on; never in production
 GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
-GPUPROXY_ALLOWED_HOSTS comma-separated (default *: the proxy normally sits on loopback or a LAN)
+GPUPROXY_ALLOWED_HOSTS host names answered besides the default ones (any IP address, localhost
+                    and *.localhost, this machine's names, the --listen name), comma-separated:
+                    `gpu.example.com`, `.example.com` for a domain and its subdomains, `*` for
+                    any; any other Host gets 400 (DNS rebinding; gpuproxy/exposure.py)
+GPUPROXY_CORS_ORIGINS origins (scheme://host[:port]) whose pages may call the management paths
+                    (/api/*, /logs*, /running, /upstream/*, ...) and, while no API key is
+                    defined, /v1/*; comma-separated, `*` for any (docs/security.md)
 GPUPROXY_MAX_BODY_MB  largest request body accepted by the proxy (default 32), in MiB (the
                     GPUPROXY_MAX_BODY_BYTES setting); checked at the edge (gpuproxy/edge.py)
                     from Content-Length before the body is read (413, also instead of
@@ -61,6 +67,10 @@ def env_float(name: str, default: str, *, minimum: float = 0.0) -> float:
         raise ImproperlyConfigured(f"{name}={value!r} must be a finite number of seconds, "
                                    f"at least {minimum:g}")
     return number
+
+
+def env_list(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
 def sqlite_database(path: Path | str) -> dict:
@@ -131,7 +141,12 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("GPUPROXY_DEBUG")
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("GPUPROXY_ALLOWED_HOSTS", "*").split(",")]
+# The Host allow-list is gpuproxy/exposure.py's, applied in front of Django and the proxy
+# consumer alike (it allows any IP address, which ALLOWED_HOSTS cannot say); Django's own
+# check would see the same Host after it.
+ALLOWED_HOSTS = ["*"]
+GPUPROXY_ALLOWED_HOSTS = [h.lower() for h in env_list("GPUPROXY_ALLOWED_HOSTS")]
+GPUPROXY_CORS_ORIGINS = env_list("GPUPROXY_CORS_ORIGINS")
 
 INSTALLED_APPS = [
     "daphne",

@@ -1,4 +1,7 @@
-"""The management API: health, running models, explicit load/unload, logs (llama-swap's paths)."""
+"""The management API: health, running models, explicit load/unload, logs (llama-swap's paths).
+
+With API keys defined, every view here is for admin keys but `/running` (without commands for
+other keys) and `/metrics` (`api_view(..., admin=False)`); `/health` needs none."""
 
 from __future__ import annotations
 
@@ -30,9 +33,16 @@ async def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
 
 
-@api_view(("GET",))
+@api_view(("GET",), admin=False)
 async def running(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"running": (await runtime.get()).upstreams.running()})
+    """llama-swap's `/running`. A model's `cmd` can carry secrets (an `--api-key`, a token in
+    a URL): admin keys see it, other keys do not (with no keys at all, everyone may, as in
+    llama-swap; the Host and Origin rules keep other web pages out)."""
+    records = (await runtime.get()).upstreams.running()
+    who = request.caller
+    if who is not None and not who.admin:
+        records = [{k: v for k, v in r.items() if k != "cmd"} for r in records]
+    return JsonResponse({"running": records})
 
 
 def scheduling_error(exc: SchedulingError) -> JsonResponse:
@@ -175,12 +185,14 @@ async def _forward(src: asyncio.Queue[str], dst: asyncio.Queue[str]) -> None:
             pass
 
 
-@api_view(("GET",))
+@api_view(("GET",), admin=False)
 async def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus exposition of the default registry: django-prometheus's `django_*` series
-    and ours (gpuproxy/metrics.py). Always 200: with performance monitoring off the system
-    series are simply absent (llama-swap answers 503 instead). Rendered on a worker thread so
-    a scrape never holds the event loop; the collectors read only published snapshots."""
+    and ours (gpuproxy/metrics.py). Any key may scrape it (Prometheus sends a bearer token;
+    the series hold counts and model names, no request's content). Always 200: with
+    performance monitoring off the system series are simply absent (llama-swap answers 503
+    instead). Rendered on a worker thread so a scrape never holds the event loop; the
+    collectors read only published snapshots."""
     from prometheus_client import REGISTRY
     from prometheus_client.exposition import choose_encoder
 

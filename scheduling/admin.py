@@ -315,10 +315,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
     """The key is generated on creation, shown once in a message, and stored hashed: no page
     can show it again, because nothing but its SHA-256 and first characters is kept."""
 
-    list_display = ("name", "prefix", "created_at")
+    list_display = ("name", "prefix", "admin", "created_at")
+    list_filter = ("admin",)
     search_fields = ("name", "prefix")
     readonly_fields = ("prefix", "created_at")
-    fields = ("name", "prefix", "created_at")
+    fields = ("name", "admin", "prefix", "created_at")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
         if not change:

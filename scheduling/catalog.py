@@ -47,6 +47,7 @@ class Catalog:
     aliases: dict[str, str] = field(default_factory=dict)
     groups: tuple[Group, ...] = ()
     api_keys: dict[str, str] = field(default_factory=dict)  # sha256 -> key name
+    admin_keys: frozenset[str] = frozenset()  # sha256 of the keys marked admin
     preload: tuple[str, ...] = ()
     settings_version: int = 0
     scheduler: str = "serial"
@@ -107,7 +108,7 @@ def fingerprint() -> tuple:
     models = ModelDefinition.objects.aggregate(n=Count("id"), last=Max("updated_at"))
     groups = tuple(ModelGroup.objects.order_by("group_id").values_list(
         "group_id", "swap", "exclusive", "persistent"))
-    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name"))
+    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name", "admin"))
     return (version, models["n"], models["last"], groups, keys)
 
 
@@ -156,12 +157,15 @@ def build_catalog() -> Catalog:
               swap=g.swap, exclusive=g.exclusive, persistent=g.persistent)
         for g in ModelGroup.objects.prefetch_related("members")
     )
-    api_keys = dict(ApiKey.objects.values_list("key_hash", "name"))
+    keys = list(ApiKey.objects.values_list("key_hash", "name", "admin"))
+    api_keys = {digest: name for digest, name, _ in keys}
+    admin_keys = frozenset(digest for digest, _, admin in keys if admin)
     return Catalog(
         models=models,
         aliases=aliases,
         groups=groups,
         api_keys=api_keys,
+        admin_keys=admin_keys,
         preload=tuple(settings.preload),
         settings_version=settings.version,
         scheduler=settings.scheduler,

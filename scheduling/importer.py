@@ -73,7 +73,7 @@ _SETTINGS_PATHS = {
 }
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
                 "persistent": "persistent"}
-_KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix"}
+_KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix", "admin": "admin"}
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,7 @@ class _Import:
         self.parsed = parsed
         self.written = 0
         self.deleted = 0
+        self.warnings: list[str] = []  # the import's own, after the parser's
 
     def run(self, dry_run: bool) -> ImportReport:
         parsed = self.parsed
@@ -206,7 +207,7 @@ class _Import:
                         if m.parallel is None)
         return ImportReport(models=len(parsed.models), groups=len(parsed.groups), api_keys=keys,
                             written=self.written, deleted=self.deleted,
-                            warnings=tuple(parsed.warnings), dry_run=dry_run,
+                            warnings=(*parsed.warnings, *self.warnings), dry_run=dry_run,
                             derived_slots=derived)
 
     def save(self, instance: models.Model, changed: bool) -> None:
@@ -279,32 +280,48 @@ class _Import:
             _full_clean(row, f"models.{model.model_id}", _MODEL_PATHS)
             self.save(row, changed)
 
-    def _keys(self) -> dict[str, tuple[str, str | None]]:
-        """sha256 -> (row name, prefix or None to keep the stored one), in file order."""
-        keys: dict[str, tuple[str, str | None]] = {}
+    def _keys(self) -> dict[str, tuple[str, str | None, bool | None]]:
+        """sha256 -> (row name, prefix or None to keep the stored one, admin or None to keep
+        the stored one), in file order."""
+        keys: dict[str, tuple[str, str | None, bool | None]] = {}
         for key in self.parsed.api_keys:
-            keys[hash_key(key)] = (api_key_name(key), key_prefix(key))
+            digest = hash_key(key)
+            keys[digest] = (api_key_name(key), key_prefix(key),
+                            self.parsed.plain_key_admin.get(digest))
         for entry in self.parsed.api_key_hashes:
-            keys[entry.sha256] = (entry.name, entry.prefix)
+            keys[entry.sha256] = (entry.name, entry.prefix, entry.admin)
         return keys
 
     def api_keys(self) -> int:
+        """The file's keys. A key's rank comes from the file when it says (`admin:` under
+        apiKeyHashes); otherwise a key keeps what the database has (ticked in the admin, or
+        admin since the upgrade that added the flag) and a new one is not admin."""
         keys = self._keys()
         existing = {k.key_hash: k for k in ApiKey.objects.all()}
         # Names are unique too: park renamed rows on a placeholder so a swap of two names
         # does not trip over itself.
-        for digest, (name, _) in keys.items():
+        for digest, (name, _, _) in keys.items():
             row = existing.get(digest)
             if row is not None and row.name != name:
                 ApiKey.objects.filter(pk=row.pk).update(name=f"~import-{row.pk}")
-        for index, (digest, (name, prefix)) in enumerate(keys.items()):
+        admins = 0
+        for index, (digest, (name, prefix, admin)) in enumerate(keys.items()):
             row = existing.get(digest) or ApiKey(key_hash=digest)
             values: dict[str, Any] = {"name": name}
             if prefix is not None:
                 values["prefix"] = prefix
+            if admin is not None:
+                values["admin"] = admin
             changed = _assign(row, values)
             _full_clean(row, _key_path(self.parsed, index), _KEY_PATHS)
             self.save(row, changed)
+            admins += row.admin
+        if keys and not admins:
+            self.warnings.append(
+                f"apiKeys: no admin key among the {_count(len(keys), 'API key')}: none reaches "
+                "the management API (/api/models/*, /api/queue, /api/activity, /unload), /logs, "
+                "/upstream/… or the commands in /running; mark one with `admin: true` under "
+                "apiKeyHashes (or tick Admin on it in the admin)")
         return len(keys)
 
 
@@ -427,8 +444,8 @@ def export_config() -> dict[str, Any]:
         out["hooks"] = {"on_startup": {"preload": list(s.preload)}}
     keys = list(ApiKey.objects.order_by("name"))
     if keys:
-        out["apiKeyHashes"] = [{"name": k.name, "sha256": k.key_hash, "prefix": k.prefix}
-                               for k in keys]
+        out["apiKeyHashes"] = [{"name": k.name, "sha256": k.key_hash, "prefix": k.prefix,
+                                "admin": k.admin} for k in keys]
     return out
 
 

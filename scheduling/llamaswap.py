@@ -144,6 +144,7 @@ class ParsedApiKey:
     name: str
     sha256: str
     prefix: str | None = None  # None = keep what the database has
+    admin: bool | None = None  # `admin:` (gpuproxy); None = keep what the database has
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ class ParsedConfig:
     # Plain keys from `apiKeys`; kept out of repr so a logged config never shows a secret.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     api_key_hashes: tuple[ParsedApiKey, ...] = ()
+    # `admin:` of an `apiKeyHashes` entry that is the export of a plain key listed beside it
+    plain_key_admin: dict[str, bool] = field(default_factory=dict)  # sha256 -> admin
     warnings: list[str] = field(default_factory=list)
 
 
@@ -708,9 +711,10 @@ class _Parser:
                            swap_affinity_bonus=bonus, preload=preload)
         models = tuple(replace(m, group=group_of.get(m.model_id),
                                fifo_priority=priority.get(m.model_id, 0)) for m in models)
-        api_keys, api_key_hashes = self.api_keys()
+        api_keys, api_key_hashes, plain_key_admin = self.api_keys()
         return ParsedConfig(settings=settings, models=models, groups=groups, api_keys=api_keys,
-                            api_key_hashes=api_key_hashes, warnings=self.warnings)
+                            api_key_hashes=api_key_hashes, plain_key_admin=plain_key_admin,
+                            warnings=self.warnings)
 
     def upstream(self) -> None:
         if "upstream" not in self.data:
@@ -1241,7 +1245,7 @@ class _Parser:
 
     # api keys ----------------------------------------------------------------------------
 
-    def api_keys(self) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...]]:
+    def api_keys(self) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...], dict[str, bool]]:
         plain: list[str] = []
         first_at: dict[str, int] = {}  # sha256 -> index in apiKeys
         names: dict[str, str] = {}  # name -> where it was given
@@ -1262,12 +1266,15 @@ class _Parser:
             names[name] = where
             plain.append(key)
         hashed: list[ParsedApiKey] = []
+        plain_admin: dict[str, bool] = {}
         plain_names = {api_key_name(k): h for k, h in zip(plain, first_at, strict=True)}
         seen_hashes = set(first_at)
         for i, raw in enumerate(self.seq(self.data.get("apiKeyHashes"), "apiKeyHashes")):
             where = f"apiKeyHashes[{i}]"
             raw = self.mapping(raw, where)
-            self.known_keys(raw, where, frozenset({"name", "sha256", "prefix"}))
+            self.known_keys(raw, where, frozenset({"name", "sha256", "prefix", "admin"}))
+            admin = (None if raw.get("admin") is None
+                     else self.boolean(raw.get("admin"), f"{where}.admin", False))
             name = self.text(raw.get("name"), f"{where}.name")
             digest = self.text(raw.get("sha256"), f"{where}.sha256").lower()
             if not name or name != name.strip() or len(name) > API_KEY_NAME_MAX:
@@ -1282,7 +1289,10 @@ class _Parser:
                 if len(prefix) > 12:
                     raise ConfigError(f"{where}.prefix", "at most 12 characters")
             if plain_names.get(name) == digest:
-                continue  # an export of a plain key listed next to the key itself
+                # an export of a plain key listed next to the key itself: only its rank counts
+                if admin is not None:
+                    plain_admin[digest] = admin
+                continue
             if digest in seen_hashes:
                 raise ConfigError(f"{where}.sha256", "the same key is already listed (under "
                                                      "apiKeys or apiKeyHashes); list it once")
@@ -1291,8 +1301,8 @@ class _Parser:
                                                    "key names must be unique")
             seen_hashes.add(digest)
             names[name] = where
-            hashed.append(ParsedApiKey(name=name, sha256=digest, prefix=prefix))
-        return tuple(plain), tuple(hashed)
+            hashed.append(ParsedApiKey(name=name, sha256=digest, prefix=prefix, admin=admin))
+        return tuple(plain), tuple(hashed), plain_admin
 
 
 def _alias_taken(alias: str, owner: str, model_id: str) -> str:

@@ -395,6 +395,12 @@ class ApiKey(models.Model):
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=12, editable=False, blank=True,
                               help_text="The first characters, to recognise the key.")
+    admin = models.BooleanField(
+        default=False,
+        help_text="Admin keys may also use the management API (load, unload, /api/queue, "
+                  "/api/activity), /logs, /upstream/… and see each model's command in "
+                  "/running. Other keys get inference, /v1/models, /metrics and /running "
+                  "without commands. (`admin: true` under apiKeyHashes in a config.)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

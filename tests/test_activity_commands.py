@@ -124,7 +124,7 @@ def window_rows():
 HEADER = ("id,request_id,received_at,dispatched_at,first_byte_at,finished_at,method,path,"
           "model_requested,model,status_code,outcome,priority,band,score,score_parts,"
           "queue_wait_ms,swap_ms,duration_ms,ttft_ms,stream,prompt_tokens,completion_tokens,"
-          "cached_tokens,prompt_tps,generation_tps,scheduler,client,user_agent,error")
+          "cached_tokens,prompt_tps,generation_tps,scheduler,client,user_agent,error,upstream_retries")
 
 
 def test_export_csv_window(window_rows, tmp_path):
@@ -138,10 +138,10 @@ def test_export_csv_window(window_rows, tmp_path):
         "901,00000000-0000-0000-0000-00000000000a,2026-11-01T10:00:00+00:00,,,"
         "2026-11-01T10:00:02+00:00,POST,/v1/chat/completions,qwen,qwen-7b,200,ok,100,"
         'interactive,101.5,"{""affinity"":1.0,""aging"":0.5,""priority"":100,""seq"":7}",'
-        "12.5,,2000.0,,true,10,20,,,41.5,priority,alice,t/1,",
+        "12.5,,2000.0,,true,10,20,,,41.5,priority,alice,t/1,,0",
         "902,00000000-0000-0000-0000-00000000000b,2026-11-01T10:05:00+00:00,,,,POST,"
         "/v1/chat/completions,qwen,qwen-7b,429,rejected_queue,-10,batch,,,,,,,false,,,,,,,"
-        'etl,,"queue full, ""try later"""',
+        'etl,,"queue full, ""try later""",0',
     ]
 
 
@@ -162,7 +162,7 @@ def test_export_jsonl_to_stdout(window_rows):
         "queue_wait_ms": 12.5, "swap_ms": None, "duration_ms": 2000.0, "ttft_ms": None,
         "stream": True, "prompt_tokens": 10, "completion_tokens": 20, "cached_tokens": None,
         "prompt_tps": None, "generation_tps": 41.5, "scheduler": "priority",
-        "client": "alice", "user_agent": "t/1", "error": "",
+        "client": "alice", "user_agent": "t/1", "error": "", "upstream_retries": 0,
     }
 
 
@@ -179,7 +179,7 @@ def test_export_relative_since():
     out, _ = run("activity_export", "--since", "24h", "--format", "jsonl")
     assert [json.loads(line)["client"] for line in out.splitlines()] == ["c5", "c1"]
     out, _ = run("activity_export", "--since", "2d")
-    assert [line.split(",")[-3] for line in out.splitlines()] == ["client", "c30", "c5", "c1"]
+    assert [line.split(",")[-4] for line in out.splitlines()] == ["client", "c30", "c5", "c1"]
 
 
 def test_export_rejects_a_bad_since():

@@ -3,6 +3,7 @@ upstreams, real PostgreSQL. Rows are read after a graceful stop, which must flus
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 
@@ -119,7 +120,10 @@ def test_every_outcome_is_recorded(serve):
 @pytest.mark.postgres  # the analysts' SQL (percentile_cont) is PostgreSQL's
 def test_cancelled_while_queued_and_unauthorized(serve):
     start = free_port()
-    proxy = serve(config(start, extra="apiKeys: [k1]"))
+    # k1, marked admin (it loads and reads the queue) by its export listed beside it
+    digest = hashlib.sha256(b"k1").hexdigest()
+    proxy = serve(config(start, extra="apiKeys: [k1]\n    apiKeyHashes: [{name: config-"
+                                      f"{digest[:8]}, sha256: {digest}, admin: true}}]"))
     auth = {"Authorization": "Bearer k1"}
     assert proxy.http.post("/v1/chat/completions", json=chat("solo")).status_code == 401
     assert proxy.http.post("/api/models/load/solo", headers=auth).status_code == 200

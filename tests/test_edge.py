@@ -8,6 +8,7 @@ what is checked, and the server's memory is read from the kernel (psutil on its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import select
 import socket
@@ -34,7 +35,8 @@ def proxy(serve):
     return serve(f"""
     startPort: {free_port()}
     healthCheckTimeout: 15
-    apiKeys: ["{KEY}"]
+    apiKeyHashes:  # an admin key: the management paths need one (docs/security.md)
+      - {{name: edge, sha256: "{hashlib.sha256(KEY.encode()).hexdigest()}", admin: true}}
     models:
       solo:
         cmd: {FAKE}
@@ -47,7 +49,8 @@ def port_of(proxy) -> int:
 
 
 def head(method: str, path: str, *lines: bytes) -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode() + b"".join(lines) + b"\r\n")
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + b"".join(lines)
+            + b"\r\n")
 
 
 class Answer:
@@ -248,7 +251,7 @@ def test_a_trickling_head_is_answered_408_at_the_deadline(proxy):
     """One header byte every 0.2 s, forever: the idle timeout (reset by every byte) never
     fires; the header deadline does."""
     with socket.create_connection(("127.0.0.1", port_of(proxy)), timeout=1) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         t0 = time.monotonic()
         data = b""
         while time.monotonic() - t0 < HEADER_DEADLINE + 8:
@@ -298,7 +301,7 @@ def test_a_long_response_is_not_cut_by_the_header_deadline(proxy):
 
 def test_a_20_kb_url_gets_414(proxy):
     a = exchange(port_of(proxy), b"GET /v1/models?q=" + b"a" * 20_000 + b" HTTP/1.1\r\n"
-                 b"Host: x\r\n\r\n")
+                 b"Host: 127.0.0.1\r\n\r\n")
     error = envelope(a, 414, "uri_too_long")
     assert "16384" in error["message"], error
 

@@ -388,9 +388,21 @@ def headers(draw, ctype: bytes | None = None) -> list[tuple[bytes, bytes]]:
     elif draw(st.integers(0, 3)):
         out.append((b"content-type", draw(CONTENT_TYPES)))
     for name in (b"x-llamaswap-priority", b"x-llamaswap-queue-timeout", b"authorization",
-                 b"x-api-key", b"accept", b"host", b"content-length", b"cookie"):
+                 b"x-api-key", b"accept", b"host", b"content-length", b"cookie", b"origin",
+                 b"sec-fetch-site", b"access-control-request-headers"):
         if draw(st.integers(0, 3)) == 0:
-            if name == b"content-length":
+            if name == b"origin":  # the exposure policy (gpuproxy/exposure.py) parses it
+                value = draw(st.sampled_from([
+                    "null", "https://evil.example", "http://127.0.0.1:8080", "http://[::1]:80",
+                    "http://[::1", "http://x:99999", "https://", "file://", "http://a/b?c",
+                    "http://" + "a" * 300, "HTTP://LOCALHOST."]) | LATIN1)
+            elif name == b"sec-fetch-site":
+                value = draw(st.sampled_from(["cross-site", "same-site", "same-origin",
+                                              "none", "CROSS-SITE "]) | LATIN1)
+            elif name == b"access-control-request-headers":
+                value = draw(st.sampled_from(["authorization, x-llamaswap-priority", ",,",
+                                              "bad(header", "a" * 5000]) | LATIN1)
+            elif name == b"content-length":
                 value = str(draw(st.integers(-1, 10**6)))
             elif name == b"host":
                 value = draw(st.sampled_from(["localhost", "bad host!", "[::1", "a" * 300,
@@ -821,23 +833,23 @@ def test_oversized_headers_are_refused_and_the_server_lives(serve):
     on."""
     proxy = serve(config(free_port()))
     port = int(proxy.base.rsplit(":", 1)[1])
-    close = b"Host: x\r\nConnection: close\r\n"
+    close = b"Host: 127.0.0.1\r\nConnection: close\r\n"
 
-    many_small = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+    many_small = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                   + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 100) for i in range(200))
                   + b"\r\n")  # 20 KB of headers, every line short
     assert _raw_exchange(port, many_small).startswith(b"HTTP/1.1 431 ")
 
-    too_many = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+    too_many = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 + b"".join(b"X-%d: 1\r\n" % i for i in range(600)) + b"\r\n")
     assert _raw_exchange(port, too_many).startswith(b"HTTP/1.1 431 ")
 
-    one_huge = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000
+    one_huge = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000
                 + b"\r\n\r\n")
     answer = _raw_exchange(port, one_huge)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
 
-    huge_priority = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    huge_priority = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 2\r\n"
                      b"X-LlamaSwap-Priority: " + b"9" * 100_000 + b"\r\n\r\n{}")
     answer = _raw_exchange(port, huge_priority)
