@@ -81,6 +81,8 @@ class Counts:
         self.sent = 0
         self.answered = 0
         self.left = 0  # the client disconnected on purpose
+        # ...so early that not all of its request had been written: no proxy can log that
+        self.unsent = 0
         self.errors: dict[str, int] = {}
 
 
@@ -98,13 +100,24 @@ async def client(base: str, counts: Counts, stop: asyncio.Event, seed: int) -> N
             counts.sent += 1
             try:
                 if leave:  # gone while queued or mid-stream
+                    written = False
+
+                    async def trace(name: str, info: dict) -> None:
+                        nonlocal written
+                        if name == "http11.send_request_body.complete":
+                            written = True
+
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(rnd.uniform(0.1, 0.5)):
                             async with h.stream("POST", "/v1/chat/completions", json=body,
-                                                headers=headers) as r:
+                                                headers=headers,
+                                                extensions={"trace": trace}) as r:
                                 async for _ in r.aiter_raw():
                                     pass
                     counts.left += 1
+                    if not written:  # this very loop was too busy to write it in time
+                        counts.unsent += 1
+                        counts.sent -= 1
                     continue
                 r = await h.post("/v1/chat/completions", json=body, headers=headers)
                 if r.status_code == 200:
@@ -207,6 +220,8 @@ def main() -> None:
           f"(SIGKILL every {args.crash_every:g} s)")
     print(f"requests sent {counts.sent}: answered 200 {counts.answered}, left on purpose "
           f"{counts.left}, other {sum(counts.errors.values())} {counts.errors}")
+    print(f"(and {counts.unsent} left before their request was all written: not counted as "
+          "sent, since no proxy could see them)")
     print(f"activity log: {logged} rows {outcomes}")
     print(f"at the end vs at 60 s: rss {steady['rss_kib'] / 1024:.1f} -> "
           f"{end['rss_kib'] / 1024:.1f} MiB, fds {steady['fds']} -> {end['fds']}, threads "

@@ -154,6 +154,9 @@ class ProxyConsumer(AsyncHttpConsumer):
         if not message.get("more_body"):
             body = b"".join(self.body)
             self.body = []
+            # The record exists from here, not from the task's first step: a disconnect
+            # that cancels the task before it runs would otherwise leave no row at all.
+            self.rec = self.new_record()
             self._task = asyncio.get_running_loop().create_task(self._run(body))
 
     async def http_disconnect(self, message: dict) -> None:
@@ -162,10 +165,15 @@ class ProxyConsumer(AsyncHttpConsumer):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        rec = self.rec
+        if rec is not None:  # cancelled before its first step: `_run` never saw it
+            if not rec.outcome:
+                rec.fail(CLIENT_CLOSED, outcomes.CANCELLED_QUEUED,
+                         "the client closed the connection")
+            self.submit_record()
         raise StopConsumer()
 
     async def _run(self, body: bytes) -> None:
-        self.rec = self.new_record()
         try:
             await self.route(body)
         except asyncio.CancelledError:
@@ -439,33 +447,38 @@ class ProxyConsumer(AsyncHttpConsumer):
                 reporter = asyncio.get_running_loop().create_task(
                     self.report_wait(waiting, model, priority, loading_state))
 
-        try:
+        for attempt in (1, 2):
             try:
-                grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt),
-                                                  watch=watch)
-            finally:
-                if reporter is not None:
-                    reporter.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await reporter
-        except SchedulingError as exc:
-            if self._responded:  # the wait was already streaming: end it with the error
-                await self.stream_error(exc.message, exc.code, exc.status,
-                                        _OUTCOME_OF.get(type(exc), outcomes.UPSTREAM_ERROR))
-            else:
-                await self.send_error(exc)
-            return
-        if rec is not None:
-            rec.dispatched = time.monotonic()
-            rec.dispatch = grant.req.dispatch
-            rec.swap_s = grant.swap_wait
-            inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
-        try:
-            await self.relay(rt, grant.model, upstream_path, body, retry=retry)
-        finally:
-            grant.release()
+                try:
+                    grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt),
+                                                      watch=watch)
+                finally:
+                    if reporter is not None:
+                        reporter.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await reporter
+                        reporter = None
+            except SchedulingError as exc:
+                if self._responded:  # the wait was already streaming: end it with the error
+                    await self.stream_error(exc.message, exc.code, exc.status,
+                                            _OUTCOME_OF.get(type(exc), outcomes.UPSTREAM_ERROR))
+                else:
+                    await self.send_error(exc)
+                return
             if rec is not None:
-                inflight.remove(rec)
+                rec.dispatched = time.monotonic()
+                rec.dispatch = grant.req.dispatch
+                rec.swap_s = grant.swap_wait
+                inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
+            try:
+                again = await self.relay(rt, grant.model, upstream_path, body, retry=retry,
+                                         requeue=retry and attempt == 1)
+            finally:
+                grant.release()
+                if rec is not None:
+                    inflight.remove(rec)
+            if not again:
+                return
 
     async def report_wait(self, waiting: Waiting, model: str, priority: int,
                           loading_state: bool) -> None:
@@ -473,7 +486,8 @@ class ProxyConsumer(AsyncHttpConsumer):
         await waiting.waits.wait()
         if not loading_state:
             await asyncio.sleep(KEEPALIVE)
-        await self.start_stream()
+        if not self._responded:  # (a request waiting again after its model died has one)
+            await self.start_stream()
         told = ""
         while True:
             if loading_state:
@@ -509,7 +523,11 @@ class ProxyConsumer(AsyncHttpConsumer):
         await self.send_body(b"")
 
     async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
-                    body: bytes, *, retry: bool = True) -> None:
+                    body: bytes, *, retry: bool = True, requeue: bool = False) -> bool:
+        """Send the request and relay the answer. True, with nothing sent to the client, when
+        `requeue` and the request should wait for the model again: its process had died
+        before the request could reach it (the connection was refused and the process has
+        exited), so the scheduler, now told of the exit, restarts the model for it."""
         proc = rt.upstreams.process(model)
         pid = proc.pid  # the process this request is for: a retry goes only to the same one
         query = self.scope.get("query_string", b"")
@@ -537,10 +555,12 @@ class ProxyConsumer(AsyncHttpConsumer):
             # connection was closed or reset within milliseconds, before any answer, and the
             # process is the same live one. The body is buffered; a passthrough (any method,
             # any path) is never repeated.
+            if requeue and await self.died_unreached(proc, pid, model, fail):
+                return True
             if not (retry and relay.may_retry(fail) and pid is not None and proc.pid == pid
                     and proc.state is State.READY and not await relay.exited(pid)):
                 await self.upstream_failed(proc, pid, model, fail, idle)
-                return
+                return False
             logger.info('model "%s": its reused connection was %s before the request was '
                         "read; sending it once more on a fresh one", model, fail.describe())
             metrics.upstream_retried(model)
@@ -552,8 +572,11 @@ class ProxyConsumer(AsyncHttpConsumer):
                 response = await client.send(client.build_request(
                     method, url, headers=headers, content=body, timeout=to), stream=True)
             except (httpx.TransportError, aiohttp.ClientError) as again:
-                await self.upstream_failed(proc, pid, model, relay.failure(again), idle)
-                return
+                fail = relay.failure(again)
+                if requeue and await self.died_unreached(proc, pid, model, fail):
+                    return True  # (the close was the process dying, not yet seen)
+                await self.upstream_failed(proc, pid, model, fail, idle)
+                return False
         rec = self.rec
         response_headers = response.headers
         if streams:
@@ -568,7 +591,7 @@ class ProxyConsumer(AsyncHttpConsumer):
             await self.stream_error(f"model {model!r} answered HTTP {response.status_code}: "
                                     f"{detail}", "upstream_error", response.status_code,
                                     outcomes.UPSTREAM_ERROR)
-            return
+            return False
         try:
             if not self._responded:
                 self._responded = True
@@ -588,7 +611,7 @@ class ProxyConsumer(AsyncHttpConsumer):
                 await self.cut_mid_response(proc, model, relay.Failure(
                     relay.CUT, "ended its body by exiting", "close-delimited body"),
                     response.status_code, sse, started, idle)
-                return
+                return False
             await self.send_body(b"")
             if rec is not None:
                 rec.status_code = response.status_code
@@ -602,6 +625,20 @@ class ProxyConsumer(AsyncHttpConsumer):
             if rec is not None:
                 rec.usage = parser.finish()
             await response.aclose()
+        return False
+
+    async def died_unreached(self, proc: UpstreamProcess, pid: int | None, model: str,
+                             fail: relay.Failure) -> bool:
+        """Whether the request never reached the upstream because its process had died: the
+        connection was refused and the process has exited. Then the scheduler has been told
+        of the exit (`exit_reported`), so a request that waits again restarts the model."""
+        if not (fail.kind == relay.REFUSED and proc.state is not State.STOPPING
+                and await relay.exited(pid, EXIT_GRACE)
+                and await proc.exit_reported(pid, EXIT_GRACE)):
+            return False
+        logger.info('model "%s": its process (pid %s) had exited before this request could '
+                    "reach it; the request waits for the restart", model, pid)
+        return True
 
     async def upstream_failed(self, proc: UpstreamProcess, pid: int | None, model: str,
                               fail: relay.Failure, idle: float) -> None:

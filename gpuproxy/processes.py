@@ -382,6 +382,23 @@ class UpstreamProcess:
     def state(self) -> State:
         return self._state
 
+    async def exit_reported(self, pid: int | None, within: float) -> bool:
+        """Whether the run of `pid` has exited and `on_exit` was told (so the scheduler
+        counts the model as unloaded), waiting up to `within` seconds for it. A run that is
+        no longer the current one has been reported."""
+        run = self._run
+        if run is None or run.pid != pid:
+            return True
+        try:
+            async with asyncio.timeout(within):
+                await asyncio.shield(run.exited)
+        except TimeoutError:
+            return False
+        # `_watch_exit` awaits the same future and was waiting first: its report (a post
+        # and a call, no await) ran before this line; one more turn makes sure of it.
+        await asyncio.sleep(0)
+        return True
+
     @property
     def pid(self) -> int | None:
         run = self._run
