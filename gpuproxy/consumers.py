@@ -447,11 +447,14 @@ class ProxyConsumer(AsyncHttpConsumer):
                 reporter = asyncio.get_running_loop().create_task(
                     self.report_wait(waiting, model, priority, loading_state))
 
+        patience = self.queue_deadline(rt)
+        give_up = time.monotonic() + patience if patience is not None else None
         for attempt in (1, 2):
+            if give_up is not None:  # a second wait gets what is left of the first's
+                patience = max(give_up - time.monotonic(), 0.001)
             try:
                 try:
-                    grant = await rt.run_loop.acquire(model, priority, self.queue_deadline(rt),
-                                                      watch=watch)
+                    grant = await rt.run_loop.acquire(model, priority, patience, watch=watch)
                 finally:
                     if reporter is not None:
                         reporter.cancel()
@@ -479,6 +482,9 @@ class ProxyConsumer(AsyncHttpConsumer):
                     inflight.remove(rec)
             if not again:
                 return
+            if rec is not None:  # queued again: not dispatched until the next grant
+                rec.dispatched = None
+                rec.dispatch = None
 
     async def report_wait(self, waiting: Waiting, model: str, priority: int,
                           loading_state: bool) -> None:

@@ -20,7 +20,8 @@ it, under Daphne or any other ASGI server:
    answers only its own, the listed and the local origins (`is_local_origin`), because then
    nothing else tells a random web page from a client. A browser request with no Origin
    but `Sec-Fetch-Site: cross-site` or `same-site` (an `<img src=/unload>`) counts as
-   foreign on the same terms.
+   foreign on the same terms. A Basic password (which a browser saves and sends with any
+   page's request) is refused from a foreign page, even where a Bearer key would do.
 3. **CORS**: any OPTIONS on /v1/* and the management paths is answered here with 204 and
    llama-swap's headers (never reaching a key check or an upstream), or 403 for a foreign
    origin; allowed cross-origin answers carry `Access-Control-Allow-Origin` (the request's
@@ -221,6 +222,7 @@ class Request(NamedTuple):
     origin: str | None = None
     fetch_site: str | None = None
     request_headers: str | None = None  # Access-Control-Request-Headers
+    basic: bool = False  # credentials in `Authorization: Basic` (a browser may have saved them)
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,19 @@ def decide(req: Request, keys_exist: bool) -> Verdict:
     origin = normalize_origin(req.origin) if req.origin is not None else None
     own = normalize_origin(f"{req.scheme}://{req.host}") if req.host else None
     open_to_all = listed is None or (klass == INFERENCE and keys_exist)
+    if req.basic and klass != OTHER and (origin != own if req.origin is not None
+                                         else req.fetch_site in FOREIGN_FETCH_SITES):
+        # A password the browser saved (we answer 401 with a Basic challenge) goes with a
+        # page's request of any origin on its own: from elsewhere, only a Bearer key counts.
+        _note(req, klass)
+        return Verdict(403, "origin_not_allowed",
+                       "a browser's saved password (Authorization: Basic) is accepted only "
+                       "from pages of this proxy; from another origin, send the key as "
+                       "Authorization: Bearer <key>")
     if req.origin is None:
         allowed = not (req.fetch_site in FOREIGN_FETCH_SITES
-                       and (klass == MANAGEMENT or req.method in STATE_CHANGING))
+                       and (klass == MANAGEMENT or req.method in STATE_CHANGING
+                            or not open_to_all))
     else:
         allowed = open_to_all or (origin is not None and (
             origin == own or origin in listed or (klass == INFERENCE and is_local_origin(origin))))
@@ -327,9 +339,12 @@ def request_from_headers(method: str, path: str, scheme: str,
                          default_host: str | None = None) -> Request:
     """A `Request` from raw (lower-case name, value) header pairs; the first of each wins.
     On every request's path: a plain loop (a few µs in all, with the checks)."""
-    host = origin = site = requested = None
+    host = origin = site = requested = authorization = None
     for name, value in headers:
-        if name == b"host":
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"host":
             if host is None:
                 host = value
         elif name == b"origin":
@@ -344,7 +359,8 @@ def request_from_headers(method: str, path: str, scheme: str,
                    host.decode("latin-1") if host is not None else default_host,
                    origin.decode("latin-1") if origin is not None else None,
                    site.decode("latin-1").strip().lower() if site is not None else None,
-                   requested.decode("latin-1") if requested is not None else None)
+                   requested.decode("latin-1") if requested is not None else None,
+                   authorization is not None and authorization[:6].lower() == b"basic ")
 
 
 # ---- the ASGI middleware -----------------------------------------------------------------------
@@ -384,7 +400,8 @@ class ExposureMiddleware:
             await self.app(scope, receive, send)
             return
         keys_exist = False
-        if req.origin is not None and path_class(req.path) == INFERENCE:
+        if (req.origin is not None or req.fetch_site is not None) and (
+                path_class(req.path) == INFERENCE):
             from gpuproxy import runtime
 
             keys_exist = bool((await runtime.get()).catalog.api_keys)

@@ -112,6 +112,11 @@ def req(method: str, path: str, origin: str | None = None, site: str | None = No
     ("POST", "/v1/chat/completions", "http://localhost.evil.example", None, False, 403),
     ("POST", "/v1/chat/completions", "http://10.0.0.5:3000", None, False, 403),
     ("POST", "/api/models/unload", "http://localhost:3000", None, False, 403),
+    # a foreign <img> on an inference path loads a model: refused while no key is defined
+    ("GET", "/v1/audio/voices", None, "cross-site", False, 403),
+    ("GET", "/v/audio/voices", None, "same-site", False, 403),
+    ("GET", "/v1/models", None, "cross-site", True, 0),
+    ("GET", "/v1/models", None, "same-origin", False, 0),
     # elsewhere: state-changing requests only
     ("POST", "/admin/login/", "https://evil.example", None, True, 403),
     ("POST", "/health", None, "cross-site", True, 403),
@@ -165,3 +170,32 @@ def test_no_credentials_are_ever_allowed():
                     decide(req("OPTIONS", "/v1/chat/completions", "https://a.example"), True),
                     decide(req("GET", "/running", OWN), False)):
         assert b"access-control-allow-credentials" not in dict(verdict.headers)
+
+
+@pytest.mark.parametrize(("origin", "site", "status"), [
+    ("https://evil.example", None, 403),
+    ("http://localhost:3000", None, 403),  # a local page: not with the browser's password
+    (None, "cross-site", 403),
+    (OWN, None, 0),
+    (None, "same-origin", 0),
+    (None, None, 0),  # a program (curl -u)
+])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/unload", "/logs/stream"])
+def test_a_saved_basic_password_counts_only_from_this_proxys_pages(origin, site, status, path):
+    """We answer 401 with a Basic challenge, so a browser may have saved the key as a password
+    and sends it with any page's request, even where /v1/* is open to every origin."""
+    headers = [(b"host", HOST.encode()), (b"authorization", b"Basic OnNrLWtleQ==")]
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    if site is not None:
+        headers.append((b"sec-fetch-site", site.encode()))
+    method = "POST" if path.startswith("/v1/") else "GET"
+    request = exposure.request_from_headers(method, path, "http", headers)
+    assert request.basic
+    verdict = decide(request, True)
+    assert verdict.status == status, verdict
+    if status:
+        assert "Bearer" in verdict.message
+    bearer = exposure.request_from_headers(method, path, "http", [
+        (b"authorization", b"Bearer sk-key"), *headers[:1], *headers[2:]])
+    assert not bearer.basic
