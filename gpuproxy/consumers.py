@@ -56,9 +56,9 @@ from scheduling.core.errors import (
     ShuttingDown,
     SwapFailed,
 )
-from scheduling.core.priority import band, parse_priority, service_tier_priority
+from scheduling.core.priority import HEADER, band, parse_priority, service_tier_priority
 
-PRIORITY_HEADER = b"x-llamaswap-priority"
+PRIORITY_HEADER = HEADER.encode()
 # Seconds between "still waiting" signs on a waiting stream.
 KEEPALIVE = float(os.environ.get("GPUPROXY_STREAM_KEEPALIVE_SECONDS", "15"))
 QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"

@@ -49,7 +49,6 @@ class Catalog:
     api_keys: dict[str, str] = field(default_factory=dict)  # sha256 -> key name
     admin_keys: frozenset[str] = frozenset()  # sha256 of the keys marked admin
     preload: tuple[str, ...] = ()
-    settings_version: int = 0
     scheduler: str = "serial"
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
@@ -167,7 +166,6 @@ def build_catalog() -> Catalog:
         api_keys=api_keys,
         admin_keys=admin_keys,
         preload=tuple(settings.preload),
-        settings_version=settings.version,
         scheduler=settings.scheduler,
         aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,

@@ -126,12 +126,6 @@ class Ledger:
             out[b] = (self._wait_count[b], heap[0][0] if heap else None)
         return out
 
-    def queue_snapshot(self, now: float) -> dict[str, tuple[int, float]]:
-        """Per band: (requests waiting, oldest wait in seconds at `now`); waiting = queued or
-        waiting on a swap. Every band is present; an empty band is (0, 0.0)."""
-        return {b: (n, 0.0 if oldest is None else max(0.0, now - oldest))
-                for b, (n, oldest) in self.waiting_by_band().items()}
-
     def _admit(self, req: Request) -> bool:
         """Admission, the same for every policy. In order: an unknown model →
         ModelNotFound (404), nothing reserved; after shutdown → ShuttingDown (503); the model

@@ -533,21 +533,21 @@ def test_serial_stats_dispatched_per_band_and_only_received_grants():
     assert s.stats().dispatched["batch"] == 2
 
 
-def test_serial_queue_snapshot_per_band():
-    """Depth and oldest wait per band, counting swap waiters too; every band present even
+def test_serial_waiting_by_band():
+    """Depth and oldest arrival per band, counting swap waiters too; every band present even
     when empty (a missing label would make the gauge vanish instead of reading 0)."""
     s, _ = serial(states={"a": READY})
-    assert s.queue_snapshot(0.0) == {"interactive": (0, 0.0), "normal": (0, 0.0),
-                                     "batch": (0, 0.0)}
+    assert s.waiting_by_band() == {"interactive": (0, None), "normal": (0, None),
+                                   "batch": (0, None)}
     arrive(s, "a", now=0.0)  # granted: not waiting
     arrive(s, "b", priority=-100, now=1.0)
     arrive(s, "b", priority=-60, now=3.0)
     arrive(s, "c", priority=100, now=4.0)
-    assert s.queue_snapshot(10.0) == {"interactive": (1, 6.0), "normal": (0, 0.0),
-                                      "batch": (2, 9.0)}
+    assert s.waiting_by_band() == {"interactive": (1, 4.0), "normal": (0, None),
+                                   "batch": (2, 1.0)}
     s2, _ = serial()
     arrive(s2, "a", priority=7, now=2.0)  # waits on the swap
-    assert s2.queue_snapshot(5.0)["normal"] == (1, 3.0)
+    assert s2.waiting_by_band()["normal"] == (1, 2.0)
 
 
 def test_serial_pick_returns_winner_without_side_effects():
@@ -871,6 +871,6 @@ def test_serial_satisfies_scheduler_shape():
     for name in ("on_request", "on_cancel", "on_swap_done", "on_serve_done", "on_unload",
                  "on_unload_done", "on_settings_changed", "on_tick", "on_shutdown",
                  "queued", "in_flight", "reserved", "active_swaps", "pick", "stats",
-                 "queue_snapshot", "waiting_by_band", "export_state", "from_state"):
+                 "waiting_by_band", "export_state", "from_state"):
         assert callable(getattr(s, name))
     assert isinstance(s.config, SchedulerConfig) and isinstance(s.stats(), SchedulerStats)
