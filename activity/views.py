@@ -19,7 +19,6 @@ failure nothing had noticed yet, instead of a 500.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import re
 from typing import Any
@@ -53,7 +52,7 @@ class BadParameter(ValueError):
 RETRY_AFTER = "5"  # seconds; the instance lock's check notices a recovery within about one
 
 
-def database_unavailable(exc: OperationalError | InterfaceError) -> JsonResponse:
+def database_unavailable(exc: OperationalError | InterfaceError) -> HttpResponse:
     detail = (str(exc) if isinstance(exc, runtime.DatabaseUnavailable)
               else f"database error ({type(exc).__name__})")
     return json_error(503, f"the activity log cannot be read: {detail}; retry later",
@@ -61,13 +60,9 @@ def database_unavailable(exc: OperationalError | InterfaceError) -> JsonResponse
                       headers={"Retry-After": RETRY_AFTER})
 
 
-def bad_parameter(exc: BadParameter) -> JsonResponse:
+def bad_parameter(exc: BadParameter) -> HttpResponse:
     """A 400 in the OpenAI envelope, with `error.param` naming the parameter."""
-    response = json_error(400, exc.message, code="invalid_parameter")
-    body = json.loads(response.content)
-    body["error"]["param"] = exc.param
-    response.content = json.dumps(body)
-    return response
+    return json_error(400, exc.message, code="invalid_parameter", param=exc.param)
 
 
 # ---- parameters ---------------------------------------------------------------------------

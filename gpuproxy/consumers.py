@@ -35,6 +35,7 @@ from activity.usage import UsageParser
 from activity.writer import writer as activity_writer
 from gpuproxy import inflight, metrics, relay, runtime
 from gpuproxy.auth import KEY_REQUIRED, WWW_AUTHENTICATE, admin_required, caller, presented_key
+from gpuproxy.errors import error_body
 from gpuproxy.exposure import SCOPE_KEY, proxy_path_needs_admin
 from gpuproxy.inference import (
     FORM_PATHS,
@@ -99,11 +100,6 @@ def _reasoning_chunk(model: str, text: str) -> dict[str, Any]:
             "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "delta": {"reasoning_content": text},
                          "finish_reason": None}]}
-
-
-def error_body(message: str, type_: str, code: str | None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": None,
-                                 "code": code}}).encode()
 
 
 class ProxyConsumer(AsyncHttpConsumer):

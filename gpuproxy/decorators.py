@@ -5,21 +5,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gpuproxy import runtime
 from gpuproxy.auth import KEY_REQUIRED, WWW_AUTHENTICATE, admin_required, caller
 from gpuproxy.auth import presented_key as _presented
+from gpuproxy.errors import error_body
 
 View = Callable[..., Awaitable[HttpResponse]]
 
 
 def json_error(status: int, message: str, type_: str = "invalid_request_error",
-               code: str | None = None, headers: dict[str, str] | None = None) -> JsonResponse:
-    """The OpenAI error envelope, so every client library shows the message."""
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    response = JsonResponse(body, status=status)
+               code: str | None = None, headers: dict[str, str] | None = None,
+               param: str | None = None) -> HttpResponse:
+    """The OpenAI error envelope (gpuproxy/errors.py) as Django's answer."""
+    response = HttpResponse(error_body(message, type_, code, param), status=status,
+                            content_type="application/json")
     for key, value in (headers or {}).items():
         response[key] = value
     return response

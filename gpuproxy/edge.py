@@ -36,7 +36,6 @@ The requests in flight are counted here too (`in_flight()`), for the drain at sh
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -46,6 +45,7 @@ from urllib.parse import unquote
 from twisted.web import http
 
 from activity import outcomes
+from gpuproxy.errors import error_body
 
 logger = logging.getLogger("gpuproxy.edge")
 
@@ -382,8 +382,7 @@ class EdgeChannel(http.HTTPChannel):
         self._refused = True
         self._cancel_head_timer()
         self.persistent = False
-        body = json.dumps({"error": {"message": refusal.message, "type": refusal.type,
-                                     "param": None, "code": refusal.code}}).encode()
+        body = error_body(refusal.message, refusal.type, refusal.code)
         lines = [b"HTTP/1.1 %d %s" % (refusal.status, _REASONS.get(refusal.status, b"Error")),
                  b"Content-Type: application/json", b"Content-Length: %d" % len(body),
                  b"Connection: close", b"Server: gpuproxy", b"X-Content-Type-Options: nosniff"]

@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from gpuproxy.errors import error_body
 from gpuproxy.inference import INFERENCE_PATHS
 
 logger = logging.getLogger("gpuproxy.exposure")
@@ -445,8 +446,6 @@ class CorsHeaders:
 
 
 async def _answer(send: Send, status: int, code: str, message: str, type_: str) -> None:
-    from gpuproxy.consumers import error_body
-
     body = error_body(message, type_, code)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),

@@ -13,7 +13,6 @@ The full message goes to the log, for the operator.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import SuspiciousFileOperation, SuspiciousOperation
+
+from gpuproxy.errors import error_body
 
 logger = logging.getLogger("gpuproxy.guard")
 
@@ -70,9 +71,7 @@ class SuspiciousGuard:
             if started or scope.get("type") != "http":
                 raise
             logger.warning("refused %s %s: %s", scope.get("method"), scope.get("path"), exc)
-            body = json.dumps({"error": {
-                "message": client_reason(exc), "type": "invalid_request_error", "param": None,
-                "code": "bad_request"}}).encode()
+            body = error_body(client_reason(exc), code="bad_request")
             await send({"type": "http.response.start", "status": 400,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode())]})

@@ -45,7 +45,7 @@ async def running(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"running": records})
 
 
-def scheduling_error(exc: SchedulingError) -> JsonResponse:
+def scheduling_error(exc: SchedulingError) -> HttpResponse:
     return json_error(exc.status, exc.message, type_=exc.type, code=exc.code,
                       headers=exc.headers())
 
