@@ -635,7 +635,6 @@ class ProxyConsumer(AsyncHttpConsumer):
         connection was refused and the process has exited. Then the scheduler has been told
         of the exit (`exit_reported`), so a request that waits again restarts the model."""
         if not (fail.kind == relay.REFUSED and proc.state is not State.STOPPING
-                and await relay.exited(pid, EXIT_GRACE)
                 and await proc.exit_reported(pid, EXIT_GRACE)):
             return False
         logger.info('model "%s": its process (pid %s) had exited before this request could '

@@ -335,27 +335,22 @@ def _note(req: Request, klass: str) -> None:
                        key[0][:100])
 
 
+_READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"access-control-request-headers",
+                   b"authorization"})
+
+
 def request_from_headers(method: str, path: str, scheme: str,
                          headers: Iterable[tuple[bytes, bytes]],
                          default_host: str | None = None) -> Request:
     """A `Request` from raw (lower-case name, value) header pairs; the first of each wins.
     On every request's path: a plain loop (a few µs in all, with the checks)."""
-    host = origin = site = requested = authorization = None
+    first: dict[bytes, bytes] = {}
     for name, value in headers:
-        if name == b"authorization":
-            if authorization is None:
-                authorization = value
-        elif name == b"host":
-            if host is None:
-                host = value
-        elif name == b"origin":
-            if origin is None:
-                origin = value
-        elif name == b"sec-fetch-site":
-            if site is None:
-                site = value
-        elif name == b"access-control-request-headers" and requested is None:
-            requested = value
+        if name in _READ and name not in first:
+            first[name] = value
+    host, origin, site = first.get(b"host"), first.get(b"origin"), first.get(b"sec-fetch-site")
+    requested, authorization = (first.get(b"access-control-request-headers"),
+                                first.get(b"authorization"))
     return Request(method, path, scheme,
                    host.decode("latin-1") if host is not None else default_host,
                    origin.decode("latin-1") if origin is not None else None,
