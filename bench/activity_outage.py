@@ -105,7 +105,7 @@ def main() -> int:
         startPort: {free_port()}
         models:
           solo:
-            cmd: {sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model solo
+            cmd: {sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model solo
             concurrencyLimit: 1000
             parallel: {args.concurrency}
     """))

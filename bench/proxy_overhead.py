@@ -1,6 +1,6 @@
 """What does the proxy cost next to the upstream? The fake upstream alone vs through the proxy.
 
-Starts a fake upstream (`gpuproxy.fakellm`, as fast as it can go) on its own port for the
+Starts a fake upstream (`gpuproxy.testing.fakellm`, as fast as it can go) on its own port for the
 baseline, and the real `gpuproxy serve` (Daphne, SQLite in a temporary data directory, the
 activity log on) with one model whose command is that same fake, loaded before measuring. The
 same client then drives both, alternating direct and proxied rounds (A/B/B/A/...) after a
@@ -80,12 +80,13 @@ def rss_kib(pid: int) -> int:
 
 
 def fake_command(port: int | str, model: str = "solo", extra: str = "") -> str:
-    return f"{sys.executable} -m gpuproxy.fakellm --port {port} --model {model} {extra}".strip()
+    return (f"{sys.executable} -m gpuproxy.testing.fakellm --port {port} --model {model} "
+            f"{extra}").strip()
 
 
 def start_fake(port: int, model: str = "solo", *extra: str) -> subprocess.Popen:
     """A fake upstream; returns once it answers /health (it prints "loaded")."""
-    proc = subprocess.Popen([sys.executable, "-m", "gpuproxy.fakellm", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", str(port),
                              "--model", model, *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

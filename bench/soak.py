@@ -40,7 +40,7 @@ def free_port() -> int:
 
 
 def config(start: int) -> str:
-    fake = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
+    fake = f"{sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
     return textwrap.dedent(f"""
     startPort: {start}
     healthCheckTimeout: 30

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 def start_fake() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuproxy.fakellm", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:  # wait for "loaded": an event, not a sleep
         if "loaded" in line:

@@ -8,6 +8,6 @@ class GpuproxyConfig(AppConfig):
     verbose_name = "gpuproxy"
 
     def ready(self) -> None:
-        from gpuproxy import metrics
+        from gpuproxy.observe import metrics
 
         metrics.register()

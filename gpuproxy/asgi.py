@@ -14,7 +14,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuproxy.settings")
 # Django must be set up before anything imports models.
 django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
-from gpuproxy.guard import SuspiciousGuard  # noqa: E402
+from gpuproxy.proxy.guard import SuspiciousGuard  # noqa: E402
 from gpuproxy.routing import build_application  # noqa: E402
 
 application = build_application(SuspiciousGuard(django_asgi_app))

@@ -1,6 +1,6 @@
 """Which ASGI app answers which request.
 
-Every request and WebSocket handshake first passes the exposure policy (gpuproxy/exposure.py:
+Every request and WebSocket handshake first passes the exposure policy (gpuproxy/proxy/exposure.py:
 the Host allow-list, the Origin check, CORS preflights). Then the OpenAI-compatible paths,
 `/v1/models` and `/upstream/...` go to `ProxyConsumer` with no Django middleware in the way;
 everything else (admin, the dashboard page, the management API) is Django. The one WebSocket,
@@ -12,14 +12,10 @@ from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from django.urls import re_path
 
-from gpuproxy.consumers import ProxyConsumer
-from gpuproxy.dashboard import DashboardConsumer
-from gpuproxy.exposure import CorsHeaders, ExposureMiddleware
-from gpuproxy.inference import INFERENCE_PATHS
-
-PROXY_PATTERN = "^(" + "|".join(sorted(
-    p.lstrip("/").replace(".", r"\.") for p in INFERENCE_PATHS | {"/v1/models", "/models"}
-)) + r")$|^upstream/"
+from dashboard.consumer import DashboardConsumer
+from gpuproxy.proxy.consumers import ProxyConsumer
+from gpuproxy.proxy.exposure import CorsHeaders, ExposureMiddleware
+from gpuproxy.proxy.inference import PROXY_PATTERN
 
 
 def build_application(django_asgi_app):

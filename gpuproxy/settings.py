@@ -9,12 +9,12 @@ GPUPROXY_LOG_LEVEL  DEBUG|INFO|WARNING|ERROR (default INFO)
 GPUPROXY_ALLOWED_HOSTS host names answered besides the default ones (any IP address, localhost
                     and *.localhost, this machine's names, the --listen name), comma-separated:
                     `gpu.example.com`, `.example.com` for a domain and its subdomains, `*` for
-                    any; any other Host gets 400 (DNS rebinding; gpuproxy/exposure.py)
+                    any; any other Host gets 400 (DNS rebinding; gpuproxy/proxy/exposure.py)
 GPUPROXY_CORS_ORIGINS origins (scheme://host[:port]) whose pages may call the management paths
                     (/api/*, /logs*, /running, /upstream/*, ...) and, while no API key is
                     defined, /v1/*; comma-separated, `*` for any (docs/security.md)
 GPUPROXY_MAX_BODY_MB  largest request body accepted by the proxy (default 32), in MiB (the
-                    GPUPROXY_MAX_BODY_BYTES setting); checked at the edge (gpuproxy/edge.py)
+                    GPUPROXY_MAX_BODY_BYTES setting); checked at the edge (gpuproxy/proxy/edge.py)
                     from Content-Length before the body is read (413, also instead of
                     `100 Continue`) and as a chunked body arrives
 GPUPROXY_HEADER_TIMEOUT_SECONDS the request line and headers must arrive within this many
@@ -141,7 +141,7 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("GPUPROXY_DEBUG")
-# The Host allow-list is gpuproxy/exposure.py's, applied in front of Django and the proxy
+# The Host allow-list is gpuproxy/proxy/exposure.py's, applied in front of Django and the proxy
 # consumer alike (it allows any IP address, which ALLOWED_HOSTS cannot say); Django's own
 # check would see the same Host after it.
 ALLOWED_HOSTS = ["*"]
@@ -161,6 +161,7 @@ INSTALLED_APPS = [
     "gpuproxy",
     "scheduling",
     "activity",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -216,7 +217,7 @@ LOGGING = {
     "handlers": {
         "stdout": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
                    "formatter": "line"},
-        "proxylog": {"class": "gpuproxy.logbuffer.ProxyLogHandler", "formatter": "line"},
+        "proxylog": {"class": "gpuproxy.upstream.logbuffer.ProxyLogHandler", "formatter": "line"},
     },
     "loggers": {
         "gpuproxy": {"handlers": ["stdout", "proxylog"], "level": LOG_LEVEL, "propagate": False},

@@ -3,10 +3,11 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from gpuproxy import views
+from dashboard import views as dashboard_views
+from gpuproxy.api import views
 
 urlpatterns = [
-    path("", views.dashboard, name="dashboard"),
+    path("", dashboard_views.page, name="dashboard"),
     path("admin/", admin.site.urls),
     path("health", views.health),
     path("running", views.running),
@@ -16,13 +17,13 @@ urlpatterns = [
     path("unload", views.unload_all_legacy),
     path("api/queue", views.queue),
     path("metrics", views.metrics_view),
-    path("", include("activity.urls")),
+    path("", include("gpuproxy.api.activity_urls")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),
 ]
 
-handler400 = "gpuproxy.views.bad_request"
-handler403 = "gpuproxy.views.permission_denied"
-handler404 = "gpuproxy.views.not_found"
-handler500 = "gpuproxy.views.server_error"
+handler400 = "gpuproxy.api.views.bad_request"
+handler403 = "gpuproxy.api.views.permission_denied"
+handler404 = "gpuproxy.api.views.not_found"
+handler500 = "gpuproxy.api.views.server_error"

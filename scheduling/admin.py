@@ -4,7 +4,7 @@ drive the running proxy.
 Validation is the models' `clean()`, shared with `import_config`, so the admin refuses what an
 import refuses, in the same words. Saved changes reach the running proxy on commit (the
 scheduling signals); the model actions (load, unload, restart) act on the proxy that serves
-this admin, through `gpuproxy.control`, and never wait for a load to finish: one can take
+this admin, through `gpuproxy.shell.control`, and never wait for a load to finish: one can take
 minutes, and an admin request must not hold a worker that long.
 """
 
@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from gpuproxy import control
+from scheduling import live as control
 from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
 

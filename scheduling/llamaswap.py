@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from gpuproxy.spec import split_command, strip_comments
+from scheduling.spec import split_command, strip_comments
 
 # Defaults, kept equal to the model defaults in scheduling/models.py (which this module may not
 # import); tests/test_config_import.py checks that an empty config imports to those defaults.

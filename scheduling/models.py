@@ -14,8 +14,8 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from gpuproxy.spec import UpstreamSpec, split_command
 from scheduling.slots import Slots, resolve_parallel
+from scheduling.spec import UpstreamSpec, split_command
 
 MODEL_ID_MAX = 255
 DEFAULT_CONCURRENCY_LIMIT = 10

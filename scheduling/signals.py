@@ -2,11 +2,11 @@
 
 Three paths, so that no save is missed and none is applied before it is committed:
 - In this process (an admin save served by `gpuproxy serve`): `transaction.on_commit` asks the
-  proxy to reload (`gpuproxy.control.reload`, a no-op when no proxy runs here).
+  proxy to reload (`scheduling.live.reload`, a no-op when no proxy runs here).
 - From any process on PostgreSQL (another `gpuproxy` command, a shell, a second admin):
   `pg_notify` inside the saving transaction. PostgreSQL delivers it only on commit, drops it
   on rollback, and folds the duplicates of one transaction (an import saves hundreds of
-  rows) into one; the proxy LISTENs (gpuproxy/runtime.py).
+  rows) into one; the proxy LISTENs (gpuproxy/shell/runtime.py).
 - Everything else (SQLite from another process, a missed notification): the proxy's periodic
   fingerprint check.
 """
@@ -17,6 +17,8 @@ import logging
 
 from django.db import connections, transaction
 from django.db.models.signals import post_delete, post_save
+
+from scheduling import live
 
 logger = logging.getLogger("scheduling.signals")
 
@@ -38,9 +40,7 @@ def _changed(sender, using: str = "default", **kwargs) -> None:
 
 
 def _reload() -> None:
-    from gpuproxy import control
-
-    control.reload()
+    live.reload()
 
 
 def connect() -> None:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuproxy.spec import split_command
+from scheduling.spec import split_command
 
 #: llama-server's slots when `-np` is absent or negative ("auto"), llama.cpp b11549
 LLAMA_SERVER_AUTO_SLOTS = 4

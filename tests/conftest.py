@@ -84,7 +84,7 @@ def port() -> int:
     return free_port()
 
 
-FAKE = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
+FAKE = f"{sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
 
 
 def database_url() -> str:

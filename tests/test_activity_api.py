@@ -11,12 +11,12 @@ from django.test import AsyncClient
 
 from activity import outcomes
 from activity.models import RequestLog
-from activity.views import percentile_cont
-from gpuproxy import runtime
+from gpuproxy.api.activity import percentile_cont
+from gpuproxy.shell import runtime
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("activity.urls"),
+    pytest.mark.urls("gpuproxy.api.activity_urls"),
     pytest.mark.postgres,
 ]
 
@@ -179,7 +179,7 @@ def test_python_fallback_matches_percentile_cont():
 
 
 async def test_python_fallback_agrees_with_postgresql(mixed):
-    from activity import views
+    from gpuproxy.api import activity as views
 
     since = datetime.now(UTC) - timedelta(days=1)
     filters = {"received_at__gte": since}

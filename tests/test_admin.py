@@ -21,8 +21,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from gpuproxy import auth, control
-from scheduling.catalog import build_catalog
+from gpuproxy.proxy import auth
+from scheduling import live as control
+from scheduling.catalog_db import build_catalog
 from scheduling.models import ApiKey, ModelDefinition, ProxySettings
 from tests.conftest import FAKE, free_port
 from tests.helpers import Chat, one_model, open_gate, process_gone, running, until

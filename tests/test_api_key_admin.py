@@ -14,7 +14,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
 
-from scheduling.catalog import build_catalog, fingerprint
+from scheduling.catalog_db import build_catalog, fingerprint
 from scheduling.importer import export_config, import_config
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey

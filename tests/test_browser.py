@@ -293,7 +293,7 @@ def test_dashboard_load_queue_cancel_activity_and_logs_live(serve, browser):
     # the log tail switches to the proxy's own log
     page.get_by_test_id("log-source").select_option("proxy")
     lines = page.get_by_test_id("log-lines")
-    expect(lines).to_contain_text('gpuproxy.processes: model "coder" ready')
+    expect(lines).to_contain_text('gpuproxy.upstream.processes: model "coder" ready')
     expect(lines).not_to_contain_text("fakellm: model coder loaded")
     assert page.evaluate("window.sameDocument") is True
     screenshot(page, "dashboard-after", full_page=True)

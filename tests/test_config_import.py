@@ -17,7 +17,7 @@ import yaml
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.catalog import build_catalog
+from scheduling.catalog_db import build_catalog
 from scheduling.importer import export_config, export_yaml, import_config, load_file
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings

@@ -19,8 +19,8 @@ from channels.testing import ApplicationCommunicator, WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 
-from gpuproxy import runtime
 from gpuproxy.asgi import application
+from gpuproxy.shell import runtime
 from scheduling.core.events import Tick
 from scheduling.importer import import_config
 from scheduling.llamaswap import parse_config

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import pytest
 from channels.testing import ApplicationCommunicator
 
-from gpuproxy import runtime
 from gpuproxy.asgi import application
-from gpuproxy.logbuffer import registry as logs
+from gpuproxy.shell import runtime
+from gpuproxy.upstream.logbuffer import registry as logs
 from scheduling.core.events import Cancelled, RequestArrived, ServeDone, SwapDone
 from scheduling.importer import import_config
 from scheduling.llamaswap import parse_config
@@ -27,7 +27,7 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAKE = f"{sys.executable} -m gpuproxy.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
+FAKE = f"{sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
 
 
 def config(start: int) -> str:
@@ -193,7 +193,7 @@ async def test_a_disconnect_before_the_request_task_runs_still_writes_its_row(rt
 
     from activity.models import RequestLog
     from activity.writer import writer
-    from gpuproxy.consumers import ProxyConsumer
+    from gpuproxy.proxy.consumers import ProxyConsumer
 
     consumer = ProxyConsumer()
     consumer.scope = {

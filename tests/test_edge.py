@@ -1,5 +1,5 @@
 """What reaches `gpuproxy serve` from outside, on real sockets: big bodies, trickling clients,
-long lines, unauthenticated uploads (gpuproxy/edge.py).
+long lines, unauthenticated uploads (gpuproxy/proxy/edge.py).
 
 Every test talks raw HTTP/1.1 to a real `gpuproxy serve` so that what the client sees on the
 wire (a status or a dropped connection, a 100 Continue or the final answer, when it comes) is

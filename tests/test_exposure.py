@@ -158,7 +158,7 @@ def test_sensitive_reads_refuse_a_foreign_origin(serve):
     # no keys: /running shows each model's command, as llama-swap does
     assert proxy.http.post("/api/models/load/solo").status_code == 200
     (record,) = proxy.http.get("/running").json()["running"]
-    assert "gpuproxy.fakellm" in record["cmd"]
+    assert "gpuproxy.testing.fakellm" in record["cmd"]
 
 
 def test_without_keys_inference_answers_its_own_and_listed_origins_only(serve):
@@ -249,7 +249,7 @@ def test_other_keys_get_inference_and_admin_keys_the_rest(serve):
     (record,) = proxy.http.get("/running", headers=user).json()["running"]
     assert record["model"] == "solo" and "cmd" not in record, record
     (full,) = proxy.http.get("/running", headers=admin).json()["running"]
-    assert "gpuproxy.fakellm" in full["cmd"]
+    assert "gpuproxy.testing.fakellm" in full["cmd"]
     for method, path in ADMIN_ONLY:
         error = envelope(proxy.http.request(method, path, headers=user), 403,
                          "admin_key_required")

@@ -1,4 +1,4 @@
-"""The exposure policy's rules one by one (gpuproxy/exposure.py), as plain functions: which
+"""The exposure policy's rules one by one (gpuproxy/proxy/exposure.py), as plain functions: which
 Host is answered, which Origin may do what on which path, and the CORS headers. The wiring
 (Django's paths, the consumer's, the WebSocket, the edge) is tests/test_exposure.py's, on a
 real `gpuproxy serve`; expected values here are written by hand from docs/security.md."""
@@ -10,8 +10,8 @@ import socket
 import pytest
 from django.test import override_settings
 
-from gpuproxy import exposure
-from gpuproxy.exposure import Request, decide, host_refusal, normalize_origin, path_class
+from gpuproxy.proxy import exposure
+from gpuproxy.proxy.exposure import Request, decide, host_refusal, normalize_origin, path_class
 
 
 @pytest.mark.parametrize("host", [

@@ -1,4 +1,5 @@
-"""gpuproxy.fakellm, the fake upstream: a real subprocess on a free port, real sockets, no mocks.
+"""gpuproxy.testing.fakellm, the fake upstream: a real subprocess on a free port, real sockets,
+no mocks.
 
 Everything else (proxy tests, benchmarks, the example config) trusts this server's behaviour,
 so each promise it makes is pinned here: load delay, failure modes, signal handling, the
@@ -27,13 +28,14 @@ DEADLINE = 10.0
 
 
 class FakeProcess:
-    """A running `python -m gpuproxy.fakellm` whose output lines can be awaited as events."""
+    """A running `python -m gpuproxy.testing.fakellm` whose output lines can be awaited as
+    events."""
 
     def __init__(self, port: int, args: tuple[str, ...]) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuproxy.fakellm", "--port", str(port), *args],
+            [sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", str(port), *args],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

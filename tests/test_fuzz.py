@@ -33,9 +33,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from gpuproxy import runtime
 from gpuproxy.asgi import application
-from gpuproxy.inference import FORM_PATHS, INFERENCE_PATHS, MAX_JSON_DEPTH, too_deep
+from gpuproxy.proxy.inference import FORM_PATHS, INFERENCE_PATHS, MAX_JSON_DEPTH, too_deep
+from gpuproxy.shell import runtime
 from scheduling.importer import import_config
 from scheduling.llamaswap import parse_config
 from tests.conftest import FAKE, free_port
@@ -391,7 +391,7 @@ def headers(draw, ctype: bytes | None = None) -> list[tuple[bytes, bytes]]:
                  b"x-api-key", b"accept", b"host", b"content-length", b"cookie", b"origin",
                  b"sec-fetch-site", b"access-control-request-headers"):
         if draw(st.integers(0, 3)) == 0:
-            if name == b"origin":  # the exposure policy (gpuproxy/exposure.py) parses it
+            if name == b"origin":  # the exposure policy (gpuproxy/proxy/exposure.py) parses it
                 value = draw(st.sampled_from([
                     "null", "https://evil.example", "http://127.0.0.1:8080", "http://[::1]:80",
                     "http://[::1", "http://x:99999", "https://", "file://", "http://a/b?c",
@@ -748,7 +748,7 @@ async def test_django_400s_are_openai_errors(rt, path, query, hdrs):
     assert _is_envelope(resp.json()) and resp.json()["error"]["code"] == "bad_request", resp
 
 
-# ---- Django's suspicious-operation errors outside its handling (gpuproxy/guard.py) ---------
+# ---- Django's suspicious-operation errors outside its handling (gpuproxy/proxy/guard.py) ---------
 
 @pytest.mark.parametrize("path", ["/static/..", "/static/%2E%2E/x"])
 async def test_static_path_traversal_is_not_a_crash(rt, path):
@@ -826,7 +826,7 @@ def test_oversized_headers_are_refused_and_the_server_lives(serve):
     """The request head is bounded: each line at 16,384 bytes (Twisted's
     `LineReceiver.MAX_LENGTH`), the request line plus all header lines at 16,384 bytes in
     total (`HTTPChannel.totalHeadersSize`) and 500 header lines (`maxHeaders`). Past a limit
-    the edge (gpuproxy/edge.py) answers in the OpenAI envelope and closes: 414 for a request
+    the edge (gpuproxy/proxy/edge.py) answers in the OpenAI envelope and closes: 414 for a request
     line too long, 431 for a header line, the total or the count, never a bare 400 nor a
     dropped connection. NUL, CR and LF in header values and any non-ASCII or control byte in
     the request line get 400. No such request reaches the application, and the server carries

@@ -1,4 +1,4 @@
-"""One proxy per database, through database outages (gpuproxy/instance.py).
+"""One proxy per database, through database outages (gpuproxy/shell/instance.py).
 
 The lock is a PostgreSQL session advisory lock: it lives exactly as long as the connection
 that took it. The field report cut that connection for one second and a second `serve` then

@@ -121,7 +121,7 @@ def test_parallel_is_empty_by_default_and_at_least_1_when_set():
 def test_a_model_saved_without_parallel_gets_the_slots_of_its_command():
     """As a model created in the admin: nothing written in `parallel`, and the catalog the
     scheduler reads serves -np's 3, or LLAMA_ARG_N_PARALLEL's 5, or llama-server's auto 4."""
-    from scheduling.catalog import build_catalog
+    from scheduling.catalog_db import build_catalog
 
     model(model_id="np", cmd="llama-server --port ${PORT} -np 3").save()
     model(model_id="env", cmd="llama-server --port ${PORT}",

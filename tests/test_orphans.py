@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuproxy.orphans import ProcessRecords
+from gpuproxy.upstream.orphans import ProcessRecords
 from tests.conftest import database_url, free_port, processes_matching
 from tests.helpers import one_model, process_gone, running, until
 from tests.test_process_escapes import alive
@@ -35,7 +35,7 @@ def test_the_next_start_stops_what_a_crash_left_behind(serve, tmp_path: Path):
     records and stops it."""
     start = free_port()
     marker = f"orphan-marker-{start}"
-    wrapped = (f"sh -c '{sys.executable} -m gpuproxy.fakellm --port {start} "
+    wrapped = (f"sh -c '{sys.executable} -m gpuproxy.testing.fakellm --port {start} "
                f"--model {marker} & wait'")
     proxy = serve(one_model(start, cmd=wrapped))
     assert proxy.http.post("/api/models/load/solo").status_code == 200
@@ -88,7 +88,7 @@ def test_a_second_proxy_on_the_same_database_refuses_to_start(serve, tmp_path: P
 # until its stdin closes or it is killed.
 _OTHER_PROXY = textwrap.dedent("""
     import subprocess, sys, pathlib
-    from gpuproxy.orphans import ProcessRecords
+    from gpuproxy.upstream.orphans import ProcessRecords
     up = subprocess.Popen(["sleep", "600"], start_new_session=True)
     ProcessRecords(pathlib.Path(sys.argv[1])).add("theirs", up.pid, "sleep 600")
     print(up.pid, flush=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuproxy.processes import StartFailed, State, UpstreamProcess
-from gpuproxy.spec import UpstreamSpec
+from gpuproxy.upstream.processes import StartFailed, State, UpstreamProcess
+from scheduling.spec import UpstreamSpec
 from tests.test_processes import DEADLINE, Make, Recorder, make, wait_for_state, wait_until
 
 __all__ = ["make"]  # the fixture, shared with test_processes
@@ -35,7 +35,7 @@ BAD = [sys.executable, "-m", "gpuproxy.testing.badprocess"]
 
 
 def fake_argv(port: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "gpuproxy.fakellm", "--port", str(port), *flags]
+    return [sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", str(port), *flags]
 
 
 def bad_spec(port: int, *argv: str, **fields) -> UpstreamSpec:
@@ -128,7 +128,7 @@ async def test_a_sigterm_deaf_daemon_outside_the_group_gets_sigkill_at_the_deadl
     loop = asyncio.get_running_loop()
     t0 = loop.time()
 
-    with caplog.at_level(logging.WARNING, logger="gpuproxy.processes"):
+    with caplog.at_level(logging.WARNING, logger="gpuproxy.upstream.processes"):
         await asyncio.wait_for(proc.stop(), DEADLINE)
 
     took = loop.time() - t0

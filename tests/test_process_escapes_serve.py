@@ -32,7 +32,8 @@ BAD = f"{sys.executable} -m gpuproxy.testing.badprocess"
 def _fakes(marker: str) -> list[int]:
     """The fake servers (not their launchers) whose command line carries `marker`."""
     return [p for p in processes_matching(marker)
-            if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[2] == b"gpuproxy.fakellm"]
+            if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[2]
+            == b"gpuproxy.testing.fakellm"]
 
 
 def test_sigterm_to_the_proxy_does_not_hang_on_a_deaf_daemon(serve):

@@ -1,4 +1,4 @@
-"""UpstreamProcess against a real upstream: `python -m gpuproxy.fakellm` on a free port.
+"""UpstreamProcess against a real upstream: `python -m gpuproxy.testing.fakellm` on a free port.
 
 No mocks: every scenario spawns the fake server with a misbehaviour flag and watches the real
 process (pid, process group, health endpoint). Waiting uses `wait_for_state` (a 10 ms poll with
@@ -23,16 +23,17 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuproxy.logbuffer import LogBuffer
-from gpuproxy.processes import StartFailed, State, UpstreamProcess, stop_all
-from gpuproxy.spec import UpstreamSpec
+from gpuproxy.upstream.logbuffer import LogBuffer
+from gpuproxy.upstream.processes import StartFailed, State, UpstreamProcess, stop_all
+from scheduling.spec import UpstreamSpec
 from tests.conftest import free_port
 
 DEADLINE = 15.0  # no single await in these tests may take longer; a hang fails, not stalls
 
 
 def fake_spec(port: int, *flags: str, **fields: Any) -> UpstreamSpec:
-    cmd = shlex.join([sys.executable, "-m", "gpuproxy.fakellm", "--port", str(port), *flags])
+    cmd = shlex.join([sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", str(port),
+                      *flags])
     fields.setdefault("model_id", "fake")
     return UpstreamSpec(cmd=cmd, proxy=f"http://127.0.0.1:{port}", **fields)
 
@@ -248,7 +249,7 @@ async def test_ignored_sigterm_is_escalated_to_sigkill(
     loop = asyncio.get_running_loop()
     t0 = loop.time()
 
-    with caplog.at_level(logging.INFO, logger="gpuproxy.processes"):
+    with caplog.at_level(logging.INFO, logger="gpuproxy.upstream.processes"):
         await asyncio.wait_for(proc.stop(timeout=1.0), DEADLINE)
 
     assert loop.time() - t0 >= 1.0, "SIGKILL came before the unload timeout"
@@ -321,7 +322,7 @@ async def test_crash_stops_then_next_request_restarts(
     first = proc.pid
     assert first is not None
 
-    with caplog.at_level(logging.WARNING, logger="gpuproxy.processes"):
+    with caplog.at_level(logging.WARNING, logger="gpuproxy.upstream.processes"):
         proc.request_started()
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
@@ -438,7 +439,7 @@ async def test_on_state_errors_are_logged_not_raised(
 
     proc = UpstreamProcess(fake_spec(port), LogBuffer("fake"), broken)
     try:
-        with caplog.at_level(logging.ERROR, logger="gpuproxy.processes"):
+        with caplog.at_level(logging.ERROR, logger="gpuproxy.upstream.processes"):
             await asyncio.wait_for(proc.ensure_ready(), DEADLINE)
         assert proc.state is State.READY
         assert any("on_state callback failed" in r.getMessage() for r in caplog.records)

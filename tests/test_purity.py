@@ -7,7 +7,7 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["scheduling.core.swapper", "scheduling.llamaswap",
-                                    "gpuproxy.spec", "scheduling.core.fifo",
+                                    "scheduling.spec", "scheduling.catalog", "scheduling.core.fifo",
                                     "scheduling.core.priority", "scheduling.core.serial",
                                     "scheduling.core.stats", "scheduling.core.handover",
                                     "scheduling.core.policies", "scheduling.core.ledger",

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gpuproxy.run_loop import RunLoop
-from gpuproxy.upstreams import Upstreams
+from gpuproxy.shell.run_loop import RunLoop
+from gpuproxy.shell.upstreams import Upstreams
 from scheduling.catalog import Catalog, CatalogModel
 from scheduling.core.errors import ShuttingDown, SwapFailed
 from scheduling.core.events import Event, ModelExited

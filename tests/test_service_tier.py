@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from gpuproxy.inference import Parsed, apply_filters
+from gpuproxy.proxy.inference import Parsed, apply_filters
 from scheduling.core.priority import service_tier_priority
 from tests.conftest import FAKE, free_port
 from tests.helpers import Chat, open_gate, queue_until

@@ -60,7 +60,7 @@ VLLM_DOCKER = ("docker run --rm --name vllm-32b --gpus all -p 9103:8000 "
     # anything else: 1, whatever its flags mean to it (whisper.cpp's -np is --no-prints)
     ("/opt/whisper.cpp/whisper-server --host 127.0.0.1 --port 9300 -np", (), 1),
     ("my-server --parallel 8", (), 1),
-    ("/venv/bin/python -m gpuproxy.fakellm --port 5800 --model m", (), 1),
+    ("/venv/bin/python -m gpuproxy.testing.fakellm --port 5800 --model m", (), 1),
 ])
 def test_slots_follow_the_servers_own_reading(cmd, env, expected):
     assert derive_parallel(cmd, env).parallel == expected

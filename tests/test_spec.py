@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuproxy.spec import UpstreamSpec, split_command
+from scheduling.spec import UpstreamSpec, split_command
 
 
 def test_multiline_cmd_with_comments_and_continuations():

@@ -1,7 +1,7 @@
 """activity.usage: token counts and speeds read from responses while they stream.
 
 Expected numbers are written by hand from the fixtures. The fakellm tests feed the real bytes
-of `python -m gpuproxy.fakellm` (a subprocess on a free port) through the parser.
+of `python -m gpuproxy.testing.fakellm` (a subprocess on a free port) through the parser.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def test_infill_array_uses_last_element() -> None:
 @pytest.fixture(scope="module")
 def fakellm() -> Iterator[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuproxy.fakellm", "--port", "0", "--tps", "200"],
+        [sys.executable, "-m", "gpuproxy.testing.fakellm", "--port", "0", "--tps", "200"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

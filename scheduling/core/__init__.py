@@ -1,2 +1,2 @@
 """The scheduling core: a pure state machine. Standard library only; no Django, no asyncio, no
-clock reads (every event carries `now`). The async shell is `gpuproxy/run_loop.py`."""
+clock reads (every event carries `now`). The async shell is `gpuproxy/shell/run_loop.py`."""

@@ -1,4 +1,4 @@
-"""Counters kept by every scheduler; `/metrics` exports them (gpuproxy/metrics.py)."""
+"""Counters kept by every scheduler; `/metrics` exports them (gpuproxy/observe/metrics.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Stopping, in order (`Stopping`):
 
 1. SIGTERM or SIGINT starts a drain: every new request gets 503 `shutting_down` at the edge
-   (gpuproxy/edge.py), the run loop answers every queued or loading request the same way, and
+   (gpuproxy/proxy/edge.py), the run loop answers every queued or loading request the same way, and
    the requests in flight may finish for GPUPROXY_SHUTDOWN_GRACE_SECONDS. The log says what it
    waits for. A second signal ends the wait at once.
 2. Then the reactor stops; a "before shutdown" trigger stops every upstream (graceful signal,
@@ -12,7 +12,7 @@ Stopping, in order (`Stopping`):
 
 The exit status tells a service manager what happened: 0 for a requested stop; non-zero (with
 the reason on stderr) when the port cannot be listened on, or when the one-proxy-per-database
-lock went to another instance (gpuproxy/instance.py).
+lock went to another instance (gpuproxy/shell/instance.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import daphne.server  # isort:skip
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gpuproxy import edge
-from gpuproxy.instance import AlreadyServing, InstanceLock
+from gpuproxy.proxy import edge
+from gpuproxy.shell.instance import AlreadyServing, InstanceLock
 
 logger = logging.getLogger("gpuproxy.serve")
 
@@ -60,7 +60,7 @@ def endpoint_for(host: str, port: int) -> str:
 
 async def start(preload_models: list[str]) -> None:
     """Once listening: watch the database for changes, then run the preload hook."""
-    from gpuproxy import runtime
+    from gpuproxy.shell import runtime
 
     rt = await runtime.get()
     rt.start_watcher()
@@ -69,7 +69,7 @@ async def start(preload_models: list[str]) -> None:
 
 async def preload(models: list[str]) -> None:
     """llama-swap's `hooks.on_startup.preload`: load each in order; a failure is logged only."""
-    from gpuproxy import runtime
+    from gpuproxy.shell import runtime
     from scheduling.core.errors import SchedulingError
 
     rt = await runtime.get()
@@ -173,7 +173,7 @@ class Stopping:
         self._stop_reactor()
 
     async def _drain(self, name: str) -> None:
-        from gpuproxy import runtime
+        from gpuproxy.shell import runtime
 
         edge.start_draining()
         logger.info("%s: draining; new requests get 503 shutting_down, and so do queued ones",
@@ -256,9 +256,9 @@ class Command(BaseCommand):
         from django.conf import settings
         from twisted.internet import defer, reactor
 
-        from gpuproxy import runtime
         from gpuproxy.asgi import application
-        from scheduling.catalog import build_catalog
+        from gpuproxy.shell import runtime
+        from scheduling.catalog_db import build_catalog
         from scheduling.models import ProxySettings
 
         left = runtime.upstream_records().sweep()
@@ -318,7 +318,7 @@ class Command(BaseCommand):
         from django.conf import settings
         from django.db import connections
 
-        from gpuproxy.runtime import own_connection_params
+        from gpuproxy.shell.runtime import own_connection_params
 
         params = (own_connection_params() if connections["default"].vendor == "postgresql"
                   else None)

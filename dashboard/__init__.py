@@ -1,0 +1,1 @@
+"""The live dashboard: a staff page and the WebSocket that feeds it."""

@@ -1,0 +1,242 @@
+"""The live dashboard's data: one JSON state, rebuilt on the event loop when something changed.
+
+`/` renders the page (dashboard/templates/dashboard/dashboard.html, with
+static/dashboard/dashboard.js); the page opens
+the WebSocket `/ws/dashboard`, served by `DashboardConsumer`. The consumer wakes when the run
+loop publishes (after every scheduler event), when a process changes state or when a request
+starts or ends, and sends a fresh `state()` at most `MAX_RATE` times a second: a burst of
+events costs one message, and nothing is polled.
+
+The state is built on the event loop, where the scheduler lives, so it reads the scheduler
+directly (as `/api/queue` does); building it is O(queued), which is why a band lists at most
+`WAITING_SHOWN` requests (its depth is always exact).
+
+Messages, server → page:
+  {"type": "state", "state": STATE}
+  {"type": "log", "source": NAME, "lines": [...]}        (after a "logs" action)
+  {"type": "result", "action": A, "target": T, "ok": bool, "message": "..."}
+Page → server:
+  {"action": "load" | "unload" | "restart", "model": ID}
+  {"action": "cancel", "request_id": ID}
+  {"action": "logs", "source": MODEL | "proxy" | null}   (null stops the tail)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from gpuproxy.observe import inflight, metrics
+from gpuproxy.observe.history import HISTORY
+from gpuproxy.shell import runtime
+from gpuproxy.upstream.logbuffer import PROXY
+from gpuproxy.upstream.logbuffer import registry as log_registry
+from scheduling.core.errors import SchedulingError
+from scheduling.core.priority import BANDS, band
+
+logger = logging.getLogger("dashboard.consumer")
+
+MAX_RATE = 4.0  # states per second, at most
+IDLE_REFRESH = 5.0  # seconds between states when nothing happens (clocks and charts move)
+BUSY_REFRESH = 1.0  # ... while requests are in flight (elapsed time and bytes move)
+WAITING_SHOWN = 100  # requests listed per band
+LOG_HISTORY = 200  # lines of history sent when a log tail starts
+
+
+def state(rt: runtime.Runtime) -> dict[str, Any]:
+    """Everything the page shows. Runs on the event loop (it reads the scheduler)."""
+    s = rt.run_loop.scheduler
+    now = rt.run_loop.now()
+    cfg = s.config
+    score_of = getattr(s, "score", None)
+
+    def score(r) -> float:
+        if score_of is not None:
+            return round(score_of(r, now), 2)
+        mc = cfg.models.get(r.model)  # fifo: the model's fifo priority plus the header
+        return float((mc.fifo_priority if mc else 0) + r.priority)
+
+    bands: dict[str, dict[str, Any]] = {
+        b: {"band": b, "depth": n, "oldest_wait_s": 0.0 if oldest is None
+            else round(now - oldest, 3), "waiting": []}
+        for b, (n, oldest) in s.waiting_by_band().items()}
+
+    def add(r, position: int | None) -> None:
+        listed = bands[band(r.priority)]["waiting"]
+        if len(listed) < WAITING_SHOWN:
+            listed.append({"seq": r.seq, "model": r.model, "priority": r.priority,
+                           "score": score(r), "position": position,
+                           "waited_s": round(now - r.arrived, 3),
+                           "loading": position is None})
+
+    for position, r in enumerate(s.queued(), start=1):
+        add(r, position)
+    for waiters in s.active_swaps().values():
+        for r in waiters:
+            add(r, None)
+
+    pending = s.restart_pending()
+    models = []
+    for model_id, meta in sorted(rt.catalog.models.items()):
+        proc = rt.upstreams.existing(model_id)
+        models.append({
+            "id": model_id,
+            "name": meta.name,
+            "state": str(proc.state) if proc is not None else "stopped",
+            "pid": proc.pid if proc is not None else None,
+            "in_flight": s.in_flight(model_id),
+            "restart_needed": model_id in pending,
+            "aliases": list(meta.aliases),
+        })
+    return {
+        "time": time.time(),
+        "scheduler": {"kind": cfg.scheduler, "aging_divisor": cfg.aging_divisor,
+                      "swap_affinity_bonus": cfg.swap_affinity_bonus},
+        "models": models,
+        "bands": [bands[b] for b in BANDS],
+        "in_flight": inflight.snapshot(),
+        "recent": list(HISTORY.recent),
+        "history": HISTORY.view(),
+    }
+
+
+def _same_origin(scope: dict[str, Any]) -> bool:
+    """A browser sends `Origin` with every WebSocket: it must be this very host, so a page
+    on another site cannot drive the dashboard with a staff member's session cookie (the
+    WebSocket counterpart of CSRF). ALLOWED_HOSTS may be `*`, so that check is not enough."""
+    headers = dict(scope.get("headers", []))
+    origin = headers.get(b"origin")
+    if origin is None:  # not a browser; it still needs a staff session
+        return True
+    return urlsplit(origin.decode("latin-1")).netloc == headers.get(b"host", b"").decode(
+        "latin-1")
+
+
+class _Changes:
+    """Wakes every connected dashboard; set on the event loop only."""
+
+    def __init__(self) -> None:
+        self.events: set[asyncio.Event] = set()
+
+    def notify(self) -> None:
+        for event in self.events:
+            event.set()
+
+
+CHANGES = _Changes()
+metrics.on_change(CHANGES.notify)
+inflight.on_change(CHANGES.notify)
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    """`/ws/dashboard`: staff only (the Django session, through AuthMiddlewareStack)."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if (user is None or not user.is_authenticated or not user.is_staff
+                or not _same_origin(self.scope)):
+            await self.close(code=4403)
+            return
+        self._wake = asyncio.Event()
+        self._wake.set()  # the first state goes out at once
+        CHANGES.events.add(self._wake)
+        self._log_task: asyncio.Task | None = None
+        await self.accept()
+        self._sender = asyncio.get_running_loop().create_task(self._send_states())
+
+    async def disconnect(self, code: int) -> None:
+        wake = getattr(self, "_wake", None)
+        if wake is not None:
+            CHANGES.events.discard(wake)
+        for task in (getattr(self, "_sender", None), getattr(self, "_log_task", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _send_states(self) -> None:
+        rt = await runtime.get()
+        while True:
+            refresh = BUSY_REFRESH if inflight.snapshot() else IDLE_REFRESH
+            with contextlib.suppress(TimeoutError):  # not wait_for: see runtime._watch
+                async with asyncio.timeout(refresh):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.send_json({"type": "state", "state": state(rt)})
+            except Exception:
+                logger.exception("dashboard: could not send the state")
+                raise
+            await asyncio.sleep(1 / MAX_RATE)  # a burst of events costs one message
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict):
+            return
+        action = content.get("action")
+        rt = await runtime.get()
+        if action in ("load", "unload", "restart"):
+            model = rt.catalog.resolve(str(content.get("model", "")))
+            if model is None:
+                await self._result(action, content.get("model"), False, "no such model")
+                return
+            asyncio.get_running_loop().create_task(self._model_action(rt, action, model))
+        elif action == "cancel":
+            request_id = str(content.get("request_id", ""))
+            ok = inflight.cancel(request_id)
+            await self._result("cancel", request_id, ok,
+                               "cancelled" if ok else "it is no longer in flight")
+        elif action == "logs":
+            await self._tail(content.get("source"))
+
+    async def _model_action(self, rt: runtime.Runtime, action: str, model: str) -> None:
+        try:
+            if action == "load":
+                await rt.run_loop.load(model)
+                message = f"{model} is ready"
+            elif action == "unload":
+                await rt.run_loop.unload([model])
+                message = f"{model} is stopped"
+            else:
+                rt.run_loop.restart([model])
+                message = f"{model} restarts when idle"
+            await self._result(action, model, True, message)
+        except SchedulingError as exc:
+            await self._result(action, model, False, exc.message)
+
+    async def _result(self, action: str, target: Any, ok: bool, message: str) -> None:
+        with contextlib.suppress(Exception):  # the page may have gone meanwhile
+            await self.send_json({"type": "result", "action": action, "target": target,
+                                  "ok": ok, "message": message})
+
+    async def _tail(self, source: Any) -> None:
+        if self._log_task is not None:
+            self._log_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._log_task
+            self._log_task = None
+        if source is None:
+            return
+        rt = await runtime.get()
+        name = PROXY if source == "proxy" else rt.catalog.resolve(str(source))
+        if name is None:
+            await self._result("logs", source, False, "no such model")
+            return
+        self._log_task = asyncio.get_running_loop().create_task(self._pump_log(name))
+
+    async def _pump_log(self, name: str) -> None:
+        buffer = log_registry.get(name)
+        with buffer.subscribe() as queue:
+            await self.send_json({"type": "log", "source": name,
+                                  "lines": buffer.history()[-LOG_HISTORY:], "reset": True})
+            while True:
+                lines = [await queue.get()]
+                await asyncio.sleep(1 / MAX_RATE)  # batch what arrives meanwhile
+                while not queue.empty():
+                    lines.append(queue.get_nowait())
+                await self.send_json({"type": "log", "source": name, "lines": lines})

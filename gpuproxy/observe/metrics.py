@@ -1,0 +1,340 @@
+"""The proxy's own Prometheus series (`docs/metrics.md` is the contract), next to
+django-prometheus's `django_*` ones on `/metrics`.
+
+Three ways figures get here, chosen by who owns them:
+- The scheduler's state belongs to the run loop's task alone, so the loop *publishes* an
+  immutable `SchedulerSnapshot` after every event and `SchedulerCollector` renders the latest
+  one at scrape time; the scrape thread never touches the scheduler. The oldest wait is
+  computed at scrape time from the published arrival, so it stays exact between events.
+- Facts that happen once (a request finished, a swap, a dispatch's wait) are counted where they
+  happen, with ordinary prometheus_client counters and histograms (thread-safe).
+- The activity writer's counters and the performance monitor's sample (gpuproxy/observe/perfmon.py,
+  taken in the background, never at scrape time) are read as they are: plain integers and an
+  immutable sample swapped in whole.
+
+Label values are bounded: model ids from the configuration ("" for a request that named no
+defined model), the three bands, the outcome set and the process states. Never request ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuproxy.observe.history import HISTORY
+from gpuproxy.observe.perfmon import PerfCollector, PerfMonitor
+from scheduling.core.priority import BANDS
+from scheduling.core.stats import SchedulerStats
+
+MODEL_STATES = ("stopped", "starting", "ready", "stopping", "failed")
+
+# Seconds. Waits span a few milliseconds (a free slot) to an hour (batch behind a busy box).
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                600, 1800, 3600)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
+SWAP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    """What the run loop publishes after each event. `waiting` maps each band to (depth,
+    `arrived` of its oldest request in the loop's clock, or None); `clock_offset` turns the
+    loop's clock into `time.monotonic()` so a scrape can age the oldest wait itself."""
+
+    waiting: Mapping[str, tuple[int, float | None]]
+    stats: SchedulerStats
+    in_flight: Mapping[str, int]
+    clock_offset: float = 0.0
+    scheduler: str = ""
+    restart_pending: frozenset[str] = frozenset()  # changed definitions, restarted when idle
+
+
+EMPTY = SchedulerSnapshot(waiting={b: (0, None) for b in BANDS}, stats=SchedulerStats(),
+                          in_flight={})
+
+
+@dataclass
+class _Published:
+    """The one mutable cell: an attribute rebinding, atomic under the GIL."""
+
+    scheduler: SchedulerSnapshot = EMPTY
+    models: tuple[str, ...] = ()
+    model_states: dict[str, str] = field(default_factory=dict)
+    perf: PerfMonitor | None = None
+    loop_tasks: int = 0  # asyncio tasks on the server's loop, counted on the loop itself
+
+
+_published = _Published()
+
+
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener` (on the event loop) whenever the scheduler or a model changed: the
+    dashboard's cue to refresh."""
+    _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in list(_listeners):
+        listener()
+
+
+def publish_scheduler(snapshot: SchedulerSnapshot) -> None:
+    """Called by the run loop (its task only) after every event."""
+    _published.scheduler = snapshot
+    _changed()
+
+
+def scheduler_snapshot() -> SchedulerSnapshot:
+    return _published.scheduler
+
+
+def model_states() -> dict[str, str]:
+    """A copy of each model's last process state (any thread)."""
+    return dict(_published.model_states)
+
+
+def publish_loop_tasks(count: int) -> None:
+    """The number of asyncio tasks on the server's loop (a leak shows as steady growth)."""
+    _published.loop_tasks = count
+
+
+def configured_models() -> tuple[str, ...]:
+    return _published.models
+
+
+def publish_perf_monitor(monitor: PerfMonitor | None) -> None:
+    """The running proxy's performance monitor (one per runtime, bound to its loop)."""
+    _published.perf = monitor
+
+
+class _PerfCollector:
+    """The current runtime's monitor's series; nothing when there is none or it is off."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        monitor = _published.perf
+        if monitor is not None:
+            yield from PerfCollector(monitor).collect()
+
+
+class SchedulerCollector:
+    """Renders the latest published snapshot; the three bands are always present."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = _published.scheduler
+        now = time.monotonic()
+        depth = GaugeMetricFamily(
+            "gpuproxy_queue_depth",
+            "Requests admitted and not yet dispatched (queued or waiting on a model load).",
+            labels=["band"])
+        oldest = GaugeMetricFamily(
+            "gpuproxy_queue_oldest_wait_seconds",
+            "How long the oldest waiting request of the band has waited; 0 when empty.",
+            labels=["band"])
+        dispatched = CounterMetricFamily(
+            "gpuproxy_dispatched", "Requests granted an upstream slot.", labels=["band"])
+        for b in BANDS:
+            n, arrived = snap.waiting.get(b, (0, None))
+            depth.add_metric([b], n)
+            wait = 0.0 if arrived is None else max(0.0, now - (arrived + snap.clock_offset))
+            oldest.add_metric([b], wait)
+            dispatched.add_metric([b], snap.stats.dispatched.get(b, 0))
+        yield depth
+        yield oldest
+        yield dispatched
+        yield CounterMetricFamily(
+            "gpuproxy_pick_changed_by_aging",
+            "Picks whose winner would have been another request without the aging term.",
+            value=snap.stats.pick_changed_by_aging)
+        yield CounterMetricFamily(
+            "gpuproxy_pick_changed_by_affinity",
+            "Picks whose winner would have been another request without the swap-affinity "
+            "bonus.", value=snap.stats.pick_changed_by_affinity)
+        in_flight = GaugeMetricFamily(
+            "gpuproxy_in_flight_requests", "Granted requests not yet finished.",
+            labels=["model"])
+        for model in _published.models:
+            in_flight.add_metric([model], snap.in_flight.get(model, 0))
+        yield in_flight
+        state = GaugeMetricFamily(
+            "gpuproxy_model_state", "1 for the model's current process state, 0 for the others.",
+            labels=["model", "state"])
+        states = _published.model_states
+        for model in _published.models:
+            current = states.get(model, "stopped")
+            for s in MODEL_STATES:
+                state.add_metric([model, s], 1 if s == current else 0)
+        yield state
+        pending = GaugeMetricFamily(
+            "gpuproxy_model_restart_pending",
+            "1 while the model waits to restart (its definition changed, or an admin asked) "
+            "until its requests in flight finish.", labels=["model"])
+        for model in _published.models:
+            pending.add_metric([model], 1 if model in snap.restart_pending else 0)
+        yield pending
+
+
+class ActivityCollector:
+    """The activity writer's counters, read at scrape time (plain integers)."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from activity.writer import writer
+
+        w = writer()
+        yield GaugeMetricFamily(
+            "gpuproxy_activity_buffered_rows",
+            "Activity rows accepted and not yet written (grows during a database outage).",
+            value=w.buffered)
+        yield CounterMetricFamily(
+            "gpuproxy_activity_dropped_rows",
+            "Activity rows lost because the buffer was full.", value=w.dropped)
+        yield CounterMetricFamily(
+            "gpuproxy_activity_written_rows", "Activity rows written to the database.",
+            value=w.written)
+        yield GaugeMetricFamily(
+            "gpuproxy_event_loop_tasks",
+            "asyncio tasks on the server's event loop, counted every few seconds.",
+            value=_published.loop_tasks)
+        yield CounterMetricFamily(
+            "gpuproxy_activity_write_errors",
+            "Failed batch writes (each retried with backoff).", value=w.write_errors)
+
+
+# ---- facts counted where they happen ---------------------------------------------------------
+
+QUEUE_WAIT = Histogram(
+    "gpuproxy_queue_wait_seconds", "Arrival to dispatch, observed at dispatch.", ["band"],
+    buckets=WAIT_BUCKETS)
+REQUESTS = Counter(
+    "gpuproxy_requests", "Finished requests by model, band and activity-log outcome.",
+    ["model", "band", "outcome"])
+REQUEST_DURATION = Histogram(
+    "gpuproxy_request_duration_seconds", "Arrival to the last byte of the response.",
+    ["model"], buckets=DURATION_BUCKETS)
+TTFT = Histogram(
+    "gpuproxy_time_to_first_token_seconds",
+    "Dispatch to the first byte of the upstream's response.", ["model"],
+    buckets=TTFT_BUCKETS)
+TOKENS = Counter(
+    "gpuproxy_tokens", "Tokens reported by the upstream (usage or timings).",
+    ["model", "kind"])
+SWAPS = Counter(
+    "gpuproxy_swaps", "Successful model loads by the scheduler (evict, start, healthy).",
+    ["model"])
+SWAP_DURATION = Histogram(
+    "gpuproxy_swap_duration_seconds", "Duration of successful swaps: eviction, start and "
+    "health check.", ["model"], buckets=SWAP_BUCKETS)
+START_FAILURES = Counter(
+    "gpuproxy_upstream_start_failures", "Upstream starts that failed or never became ready.",
+    ["model"])
+EXITS = Counter(
+    "gpuproxy_upstream_exits", "Unexpected exits of a ready upstream (crashes).", ["model"])
+RETRIES = Counter(
+    "gpuproxy_upstream_retries", "Requests sent once more on a fresh connection because their "
+    "reused one was closed before the upstream read them.", ["model"])
+
+for _b in BANDS:
+    QUEUE_WAIT.labels(_b)
+
+
+def observe_dispatch(band: str, queue_wait: float) -> None:
+    QUEUE_WAIT.labels(band).observe(queue_wait)
+    HISTORY.dispatch(band, queue_wait)
+
+
+def observe_swap(model: str, seconds: float) -> None:
+    SWAPS.labels(model).inc()
+    SWAP_DURATION.labels(model).observe(seconds)
+    HISTORY.swap()
+
+
+def observe_request(row: Mapping[str, Any]) -> None:
+    """One finished activity row (activity/record.py's `row()`)."""
+    model = row["model"]
+    HISTORY.request(row)
+    REQUESTS.labels(model, row["band"], row["outcome"]).inc()
+    if row["duration_ms"] is not None:
+        REQUEST_DURATION.labels(model).observe(row["duration_ms"] / 1000)
+    if row["ttft_ms"] is not None:
+        TTFT.labels(model).observe(row["ttft_ms"] / 1000)
+    for kind in ("prompt", "completion"):
+        n = row[f"{kind}_tokens"]
+        if n:
+            TOKENS.labels(model, kind).inc(n)
+    _changed()  # the dashboard's Recent activity
+
+
+def upstream_retried(model: str) -> None:
+    RETRIES.labels(model).inc()
+
+
+def model_state_changed(model: str, state: str) -> None:
+    """A process changed state (processes.py's on_state hook). Two transitions are facts of
+    their own: anything → failed is a failed start, and ready → stopped without passing
+    through stopping is an exit nobody asked for (every requested stop goes through
+    stopping)."""
+    states = _published.model_states
+    previous = states.get(model, "stopped")
+    if state == "failed" and previous != "failed":
+        START_FAILURES.labels(model).inc()
+    elif state == "stopped" and previous == "ready":
+        EXITS.labels(model).inc()
+    states[model] = state
+    _changed()
+
+
+def models_configured(models: Iterable[str]) -> None:
+    """The catalog changed: series exist for every configured model from the start (so a
+    first increment is visible to `rate()`), and a removed model's state series go."""
+    ids = tuple(sorted(models))
+    for m in ids:
+        SWAPS.labels(m)
+        SWAP_DURATION.labels(m)
+        START_FAILURES.labels(m)
+        EXITS.labels(m)
+        RETRIES.labels(m)
+        REQUEST_DURATION.labels(m)
+        TTFT.labels(m)
+        for kind in ("prompt", "completion"):
+            TOKENS.labels(m, kind)
+        for b in BANDS:
+            REQUESTS.labels(m, b, "ok")
+    _published.models = ids
+
+
+_registered = False
+
+
+def register(registry: CollectorRegistry = REGISTRY) -> None:
+    """Add the snapshot-reading collectors to the registry `/metrics` renders (once)."""
+    global _registered
+    if not _registered:
+        # `*_created` timestamps double the series count and no dashboard here reads them.
+        disable_created_metrics()
+        registry.register(SchedulerCollector())
+        registry.register(ActivityCollector())
+        registry.register(_PerfCollector())
+        _registered = True

@@ -1,0 +1,783 @@
+"""The OpenAI-compatible proxy: a thin Channels consumer that waits for a grant and relays bytes.
+
+It decides nothing: it reads the request, asks the run loop for the model, and streams the
+upstream's answer back as it arrives. Channels' `AsyncHttpConsumer` awaits `handle()` before
+reading the next ASGI message, so it would never see a client leave (channels#1249,
+`django-stack-notes.md` §2). Here the work runs in a task that `http_disconnect` cancels: the
+cancel reaches whichever await the request is in (queued, loading, waiting for the first byte,
+streaming), which withdraws it from the scheduler or closes the upstream connection, and the
+`finally` releases the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import time
+from functools import cached_property
+from typing import Any
+
+import aiohttp
+import httpx
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from activity import outcomes
+from activity.record import RequestRecord
+from activity.usage import UsageParser
+from activity.writer import writer as activity_writer
+from gpuproxy.observe import inflight, metrics
+from gpuproxy.proxy.auth import (
+    KEY_REQUIRED,
+    WWW_AUTHENTICATE,
+    admin_required,
+    caller,
+    credential_drop,
+    presented_key,
+)
+from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.exposure import SCOPE_KEY, proxy_path_needs_admin
+from gpuproxy.proxy.inference import (
+    FORM_PATHS,
+    INFERENCE_PATHS,
+    VERSIONLESS,
+    BadRequest,
+    apply_filters,
+    parse,
+)
+from gpuproxy.shell import runtime
+from gpuproxy.shell.run_loop import Waiting
+from gpuproxy.upstream import relay
+from gpuproxy.upstream.processes import State, UpstreamProcess
+from scheduling.catalog import Catalog, CatalogModel
+from scheduling.core.errors import (
+    ConcurrencyLimit,
+    ModelNotFound,
+    QueueFull,
+    QueueTimeout,
+    SchedulingError,
+    ShuttingDown,
+    SwapFailed,
+)
+from scheduling.core.priority import HEADER, band, parse_priority, service_tier_priority
+
+PRIORITY_HEADER = HEADER.encode()
+# Seconds between "still waiting" signs on a waiting stream.
+KEEPALIVE = float(os.environ.get("GPUPROXY_STREAM_KEEPALIVE_SECONDS", "15"))
+QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"
+
+logger = logging.getLogger("gpuproxy.proxy")
+
+JSON = [(b"content-type", b"application/json")]
+# llama-swap's default `upstream.ignorePaths`: static files never trigger a model load.
+IGNORE_PATHS = [re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$")]
+GET_PATHS = frozenset({"/v1/audio/voices"})
+# ASCII control characters: httpx refuses a URL with any of them (`InvalidURL`), aiohttp a
+# header value with any but tab. Twisted lets all but NUL, CR and LF through in header values.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
+_CONTROL_IN_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the request", for the activity log
+# A close-delimited body (no Content-Length, not chunked) that ended with its process exiting
+# within this long was cut by the death, not complete; a live upstream's costs this wait.
+CLOSE_DELIMITED_GRACE = 0.25
+# How long a failed request waits for its upstream's exit to show, to say "died" rather than
+# "closed the connection" (the failure path only).
+EXIT_GRACE = 0.05
+
+_OUTCOME_OF = {
+    ModelNotFound: outcomes.UNKNOWN_MODEL,
+    ConcurrencyLimit: outcomes.REJECTED_CAPACITY,
+    QueueFull: outcomes.REJECTED_QUEUE,
+    QueueTimeout: outcomes.QUEUE_TIMEOUT,
+    SwapFailed: outcomes.START_FAILED,
+    ShuttingDown: outcomes.SHUTTING_DOWN,
+}
+
+
+def _reasoning_chunk(model: str, text: str) -> dict[str, Any]:
+    """An OpenAI chat chunk carrying `text` as reasoning, llama-swap's loading-state shape:
+    clients show it as the model "thinking" and ignore it otherwise."""
+    return {"id": "chatcmpl-gpuproxy-wait", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": {"reasoning_content": text},
+                         "finish_reason": None}]}
+
+
+class ProxyConsumer(AsyncHttpConsumer):
+    """One HTTP request to an inference path, `/v1/models`, or `/upstream/...`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._size = 0
+        self._task: asyncio.Task | None = None
+        self._responded = False
+        self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+        self.rec: RequestRecord | None = None
+        self._cancelled_by_admin = False
+        # headers never sent upstream: hop-by-hop ones, and the proxy's own credential once
+        # a gpuproxy API key let the request in (`auth.credential_drop`)
+        self._drop = relay.HOP_BY_HOP
+        self._streams = False  # the request asks for a streamed answer
+
+    @cached_property
+    def headers(self) -> dict[bytes, bytes]:
+        """The request headers by lower-case name, built once per request."""
+        return dict(self.scope["headers"])
+
+    async def dispatch(self, message: dict) -> None:
+        # Channels closes stale DB connections before every handler, a thread hop per ASGI
+        # message; this path never touches the ORM, so it skips that.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def http_request(self, message: dict) -> None:
+        if self._task is not None or self._responded:
+            return  # body after a 413: drop it
+        chunk = message.get("body", b"")
+        self._size += len(chunk)
+        if self._size > self.max_body:
+            self.body = []
+            self._responded = True
+            message = (f"the request body is over {self.max_body} bytes; send less or raise "
+                       "GPUPROXY_MAX_BODY_MB")
+            self.rec = self.new_record()
+            await self.send_json(413, error_body(message, "invalid_request_error",
+                                                 "body_too_large"), outcome=outcomes.BAD_REQUEST)
+            self.submit_record()
+            return
+        self.body.append(chunk)
+        if not message.get("more_body"):
+            body = b"".join(self.body)
+            self.body = []
+            # The record exists from here, not from the task's first step: a disconnect
+            # that cancels the task before it runs would otherwise leave no row at all.
+            self.rec = self.new_record()
+            self._task = asyncio.get_running_loop().create_task(self._run(body))
+
+    async def http_disconnect(self, message: dict) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        rec = self.rec
+        if rec is not None:  # cancelled before its first step: `_run` never saw it
+            if not rec.outcome:
+                rec.fail(CLIENT_CLOSED, outcomes.CANCELLED_QUEUED,
+                         "the client closed the connection")
+            self.submit_record()
+        raise StopConsumer()
+
+    async def _run(self, body: bytes) -> None:
+        try:
+            await self.route(body)
+        except asyncio.CancelledError:
+            if self._cancelled_by_admin:
+                await self._end_cancelled_by_admin()
+                return
+            rec = self.rec
+            if rec is not None and not rec.outcome:
+                queued = rec.dispatched is None
+                rec.fail(CLIENT_CLOSED,
+                         outcomes.CANCELLED_QUEUED if queued else outcomes.CANCELLED_INFLIGHT,
+                         "the client closed the connection")
+            raise
+        except Exception as exc:
+            logger.exception("proxy error on %s %s", self.scope["method"], self.scope["path"])
+            if self.rec is not None:
+                # the type only: an exception's text can hold what was sent upstream
+                self.rec.fail(500, outcomes.UPSTREAM_ERROR,
+                              f"internal error in gpuproxy ({type(exc).__name__}); the proxy "
+                              "log has the details")
+            if not self._responded:
+                await self.send_json(500, error_body(
+                    "internal error in gpuproxy; the proxy log has the details",
+                    "server_error", "internal_error"))
+        finally:
+            self.submit_record()
+
+    def cancel_by_admin(self) -> None:
+        """The dashboard's cancel button: end this request as if the client had left, but
+        tell the client why."""
+        task = self._task
+        if task is not None and not task.done():
+            self._cancelled_by_admin = True
+            task.cancel()
+
+    async def _end_cancelled_by_admin(self) -> None:
+        message = "cancelled by an administrator of this gpuproxy"
+        rec = self.rec
+        if rec is not None:
+            rec.fail(503 if not self._responded else rec.status_code or 200,
+                     outcomes.CANCELLED_BY_ADMIN, message)
+        if not self._responded:
+            self._responded = True
+            await self.send_response(503, error_body(message, "server_error",
+                                                     "cancelled_by_admin"), headers=JSON)
+            return
+        if rec is not None and rec.stream:  # an SSE stream: say why before it ends
+            await self.send_body(b"data: " + error_body(message, "server_error",
+                                                        "cancelled_by_admin") + b"\n\n",
+                                 more_body=True)
+        await self.send_body(b"")
+
+    def new_record(self) -> RequestRecord:
+        client = self.scope.get("client") or ("", 0)
+        return RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
+                             self.headers.get(b"user-agent", b"").decode("latin-1"))
+
+    def submit_record(self) -> None:
+        """Hand the finished record to the activity writer: O(1), never the database."""
+        rec, self.rec = self.rec, None
+        if rec is not None:
+            row = rec.row()
+            activity_writer().submit(row)
+            metrics.observe_request(row)
+
+    # ---- responses --------------------------------------------------------------------------
+
+    async def send_headers(self, *, status: int = 200,
+                           headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Every answer's head: the upstream's own CORS headers out (llama.cpp echoes any
+        Origin, and allows credentials on its preflights), the exposure policy's in
+        (gpuproxy/proxy/exposure.py), so a page sees one set, ours."""
+        kept = [(k, v) for k, v in headers or () if not k.lower().startswith(b"access-control-")]
+        await super().send_headers(status=status, headers=kept + list(
+            self.scope.get(SCOPE_KEY, ())))
+
+    async def send_json(self, status: int, body: bytes,
+                        headers: list[tuple[bytes, bytes]] | None = None,
+                        outcome: str = "") -> None:
+        if self.rec is not None and outcome:
+            self.rec.fail(status, outcome, json.loads(body)["error"]["message"])
+        self._responded = True
+        await self.send_headers(status=status, headers=JSON + (headers or []))
+        await self.send_body(body)
+
+    async def send_error(self, exc: SchedulingError | BadRequest) -> None:
+        if isinstance(exc, SchedulingError):
+            headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+            await self.send_json(exc.status, error_body(exc.message, exc.type, exc.code),
+                                 headers, outcome=_OUTCOME_OF.get(type(exc),
+                                                                  outcomes.UPSTREAM_ERROR))
+        else:
+            await self.send_json(exc.status, error_body(exc.message, "invalid_request_error",
+                                                        exc.code), outcome=outcomes.BAD_REQUEST)
+
+    # ---- routing ----------------------------------------------------------------------------
+
+    async def route(self, body: bytes) -> None:
+        rt = await runtime.get()
+        catalog = rt.catalog
+        headers = self.headers
+        path: str = self.scope["path"]
+        method: str = self.scope["method"]
+        if catalog.api_keys:
+            key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
+                                headers.get(b"x-api-key", b"").decode("latin-1"))
+            who = caller(key, catalog.api_keys, catalog.admin_keys)
+            if who is None:
+                await self.send_json(401, error_body(
+                    KEY_REQUIRED, "authentication_error", "invalid_api_key"),
+                    [(b"www-authenticate", WWW_AUTHENTICATE.encode())],
+                    outcome=outcomes.UNAUTHORIZED)
+                return
+            if self.rec is not None:
+                self.rec.client = who.name
+            if proxy_path_needs_admin(path) and not who.admin:
+                await self.send_json(403, error_body(
+                    admin_required(path), "permission_error", "admin_key_required"),
+                    outcome=outcomes.UNAUTHORIZED)
+                return
+            if key:
+                self._drop = credential_drop(headers, key)
+        malformed = self.malformed(path)
+        if malformed is not None:
+            await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)
+            return
+        if path in ("/v1/models", "/models"):
+            self.rec = None  # a listing is not an inference request: not logged
+            if method != "GET":
+                await self.method_not_allowed("GET")
+                return
+            await self.send_json(200, json.dumps(models_list(rt, catalog)).encode())
+        elif path.startswith("/upstream/"):
+            await self.upstream_passthrough(rt, path[len("/upstream/"):], body)
+        elif path in INFERENCE_PATHS:
+            allowed = ("GET", "POST") if path in GET_PATHS else ("POST",)
+            if method not in allowed:
+                await self.method_not_allowed(*allowed)
+                return
+            await self.inference(rt, VERSIONLESS.get(path, path), body)
+        else:
+            await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
+                                                 "invalid_request_error", "not_found"),
+                                 outcome=outcomes.BAD_REQUEST)
+
+    def malformed(self, path: str) -> tuple[str, str, str] | None:
+        """What makes this request impossible to send upstream as it is (the upstream client
+        refuses control characters in the URL and in header values), as (message, type,
+        code) for a 400; None when nothing does."""
+        if _CONTROL.search(path) or _CONTROL_BYTES.search(self.scope.get("query_string", b"")):
+            return ("the path or query string contains a control character (percent-encoded "
+                    "%00-%1F or %7F in the path, or raw in the query)", "invalid_request_error",
+                    "invalid_url")
+        if _CONTROL_IN_VALUE.search(b"".join([v for _, v in self.scope["headers"]])):
+            return ("a request header value contains a control character other than tab "
+                    "(RFC 9110 5.5)", "invalid_request_error", "invalid_header")
+        return None
+
+    async def method_not_allowed(self, *allowed: str) -> None:
+        await self.send_json(405, error_body(
+            f"{self.scope['method']} is not allowed on {self.scope['path']}; use "
+            f"{' or '.join(allowed)}", "invalid_request_error", "method_not_allowed"),
+            [(b"allow", ", ".join(allowed).encode())], outcome=outcomes.BAD_REQUEST)
+
+    async def inference(self, rt: runtime.Runtime, upstream_path: str, body: bytes) -> None:
+        try:
+            parsed = parse(self.scope["method"], upstream_path,
+                           self.scope.get("query_string", b"").decode("latin-1"),
+                           self.headers, body)
+        except BadRequest as exc:
+            await self.send_error(exc)
+            return
+        if upstream_path in FORM_PATHS and parsed.form_kind != "multipart":
+            await self.send_error(BadRequest(400, f"{upstream_path} takes multipart/form-data",
+                                             "invalid_content_type"))
+            return
+        self._streams = parsed.stream
+        if self.rec is not None:
+            self.rec.model_requested = parsed.model
+            self.rec.stream = parsed.stream
+        model_id = rt.catalog.resolve(parsed.model)
+        meta = rt.catalog.models.get(model_id) if model_id else None
+        priority = self.priority(parsed.json_body)
+        if meta is not None:
+            body = apply_filters(parsed, requested=parsed.model,
+                                 use_model_name=meta.use_model_name,
+                                 strip_params=meta.strip_params, set_params=meta.set_params,
+                                 set_params_by_id=meta.set_params_by_id,
+                                 vllm_priority=priority if meta.vllm_priority else None)
+        waits_visibly = parsed.stream and upstream_path == "/v1/chat/completions"
+        await self.forward(rt, model_id or parsed.model, upstream_path, body, priority,
+                           progress=waits_visibly,
+                           loading_state=bool(meta and meta.send_loading_state))
+
+    def queue_deadline(self, rt: runtime.Runtime) -> float | None:
+        """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
+        else the `queue.timeout` setting (0: no deadline). A bad header value is ignored, as
+        a bad priority is: the request is still served."""
+        raw = self.headers.get(QUEUE_TIMEOUT_HEADER)
+        if raw is not None:
+            try:
+                seconds = float(raw)
+            except ValueError:
+                seconds = 0.0
+            if 0 < seconds < float("inf"):
+                return seconds
+        return rt.catalog.queue_timeout or None
+
+    def priority(self, json_body: dict[str, Any] | None) -> int:
+        """The header's priority; without the header, OpenAI's `service_tier` in the body."""
+        header = self.headers.get(PRIORITY_HEADER)
+        if header is None and json_body is not None:
+            tier = service_tier_priority(json_body.get("service_tier"))
+            if tier is not None:
+                return tier
+        return parse_priority(header)
+
+    async def upstream_passthrough(self, rt: runtime.Runtime, rest: str, body: bytes) -> None:
+        """`/upstream/<model>/<path>`: any method, straight to the model's server."""
+        model_id, sub = resolve_prefix(rt.catalog, rest)
+        if self.rec is not None:
+            self.rec.model_requested = rest.split("/", 1)[0]
+        if model_id is None:
+            await self.send_error(ModelNotFound(rest.split("/", 1)[0]))
+            return
+        if sub is None:  # bare /upstream/<model>: redirect so relative links work
+            status = 301 if self.scope["method"] in ("GET", "HEAD") else 308
+            self.rec = None  # a redirect reaches no model: not logged
+            self._responded = True
+            await self.send_headers(status=status, headers=[
+                (b"location", f"/upstream/{rest}/".encode())])
+            await self.send_body(b"")
+            return
+        proc = rt.upstreams.existing(model_id)
+        loaded = proc is not None and proc.state is State.READY
+        if not loaded and any(p.match("/" + sub) for p in IGNORE_PATHS):
+            await self.send_json(409, error_body(
+                f"model {model_id!r} is not loaded and /{sub} matches upstream.ignorePaths, "
+                "which never trigger a load", "invalid_request_error", "model_not_loaded"),
+                outcome=outcomes.BAD_REQUEST)
+            return
+        self._streams = relay.passthrough_streams(body)
+        await self.forward(rt, model_id, "/" + sub, body, retry=False)
+
+    async def forward(self, rt: runtime.Runtime, model: str, upstream_path: str,
+                      body: bytes, priority: int | None = None, *, progress: bool = False,
+                      loading_state: bool = False, retry: bool = True) -> None:
+        """Wait for the grant, then relay the upstream's answer as it arrives.
+
+        With `progress` (a streaming chat request), a request the scheduler makes wait gets
+        its 200 and an SSE stream at once: with `loading_state`, chunks whose
+        `delta.reasoning_content` says what it waits for (a model load, its place in the
+        queue); otherwise a comment every KEEPALIVE seconds, so that idle-timeout proxies
+        and clients do not cut a long wait. Rejections come before it, as JSON.
+
+        `retry`: whether a request written on a reused connection that the upstream closed
+        unread may be sent once more (`relay.may_retry`): inference paths only, since a
+        passthrough request may be anything."""
+        if priority is None:
+            priority = self.priority(None)
+        rec = self.rec
+        if rec is not None:
+            rec.priority = priority
+            rec.model = model if model in rt.catalog.models else ""
+            rec.scheduler = rt.run_loop.scheduler.config.scheduler
+        reporter: asyncio.Task | None = None
+
+        def watch(waiting: Waiting) -> None:
+            nonlocal reporter
+            if progress:
+                reporter = asyncio.get_running_loop().create_task(
+                    self.report_wait(waiting, model, priority, loading_state))
+
+        patience = self.queue_deadline(rt)
+        give_up = time.monotonic() + patience if patience is not None else None
+        for attempt in (1, 2):
+            if give_up is not None:  # a second wait gets what is left of the first's
+                patience = max(give_up - time.monotonic(), 0.001)
+            try:
+                try:
+                    grant = await rt.run_loop.acquire(model, priority, patience, watch=watch)
+                finally:
+                    if reporter is not None:
+                        reporter.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await reporter
+                        reporter = None
+            except SchedulingError as exc:
+                if self._responded:  # the wait was already streaming: end it with the error
+                    await self.stream_error(exc.message, exc.code, exc.status,
+                                            _OUTCOME_OF.get(type(exc), outcomes.UPSTREAM_ERROR))
+                else:
+                    await self.send_error(exc)
+                return
+            if rec is not None:
+                rec.dispatched = time.monotonic()
+                rec.dispatch = grant.req.dispatch
+                rec.swap_s = grant.swap_wait
+                inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
+            try:
+                again = await self.relay(rt, grant.model, upstream_path, body, retry=retry,
+                                         requeue=retry and attempt == 1)
+            finally:
+                grant.release()
+                if rec is not None:
+                    inflight.remove(rec)
+            if not again:
+                return
+            if rec is not None:  # queued again: not dispatched until the next grant
+                rec.dispatched = None
+                rec.dispatch = None
+
+    async def report_wait(self, waiting: Waiting, model: str, priority: int,
+                          loading_state: bool) -> None:
+        """Tell a waiting streaming client that it waits (see `forward`)."""
+        await waiting.waits.wait()
+        if not loading_state:
+            await asyncio.sleep(KEEPALIVE)
+        if not self._responded:  # (a request waiting again after its model died has one)
+            await self.start_stream()
+        told = ""
+        while True:
+            if loading_state:
+                text = (f"waiting in the {band(priority)} band: position {waiting.position}\n"
+                        if waiting.position else f"loading model {model}…\n")
+                if text != told:
+                    told = text
+                    await self.send_body(b"data: " + json.dumps(_reasoning_chunk(
+                        model, text)).encode() + b"\n\n", more_body=True)
+            else:
+                await self.send_body(b": waiting for the model\n\n", more_body=True)
+            waiting.position_changed.clear()
+            # Not wait_for: on Python 3.11 it can swallow the cancel `forward` sends as
+            # the position changes, and `forward` would then wait for this task forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(KEEPALIVE):
+                    await waiting.position_changed.wait()
+
+    async def start_stream(self) -> None:
+        self._responded = True
+        await self.send_headers(status=200, headers=[
+            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")])
+
+    async def stream_error(self, message: str, code: str | None, status: int,
+                           outcome: str) -> None:
+        """An error after the stream's 200 went out: an OpenAI-style `error` event, then
+        the end (never a `[DONE]`)."""
+        if self.rec is not None:
+            self.rec.fail(status, outcome, message)
+        await self.send_body(b"data: " + error_body(message, "upstream_error", code)
+                             + b"\n\n", more_body=True)
+        await self.send_body(b"")
+
+    async def relay(self, rt: runtime.Runtime, model: str, upstream_path: str,
+                    body: bytes, *, retry: bool = True, requeue: bool = False) -> bool:
+        """Send the request and relay the answer. True, with nothing sent to the client, when
+        `requeue` and the request should wait for the model again: its process had died
+        before the request could reach it (the connection was refused and the process has
+        exited), so the scheduler, now told of the exit, restarts the model for it."""
+        proc = rt.upstreams.process(model)
+        pid = proc.pid  # the process this request is for: a retry goes only to the same one
+        query = self.scope.get("query_string", b"")
+        url = proc.spec.proxy.rstrip("/") + upstream_path + (
+            "?" + query.decode("latin-1") if query else "")
+        meta = rt.catalog.models.get(model)
+        idle = meta.stream_idle_timeout if meta is not None else relay.READ_TIMEOUT
+        drop = self._drop
+        if drop is not relay.HOP_BY_HOP and meta is not None and _forwards_api_key(meta):
+            drop = relay.HOP_BY_HOP
+        method = self.scope["method"]
+        headers = relay.request_headers(self.scope["headers"], len(body), drop)
+        to = relay.timeout(idle)
+        streams = self._streams
+        client = relay.client(fresh=streams and relay.closes_after_streams(model))
+        relay.begin_attempt(model, streams)
+        started = time.monotonic()
+        try:
+            response = await client.send(client.build_request(
+                method, url, headers=headers, content=body, timeout=to), stream=True)
+        except (httpx.TransportError, aiohttp.ClientError) as exc:
+            fail = relay.failure(exc)
+            relay.note_failure(model, fail)
+            # Once more, fresh, only if the server cannot have read the request: its reused
+            # connection was closed or reset within milliseconds, before any answer, and the
+            # process is the same live one. The body is buffered; a passthrough (any method,
+            # any path) is never repeated.
+            if requeue and await self.died_unreached(proc, pid, model, fail):
+                return True
+            if not (retry and relay.may_retry(fail) and pid is not None and proc.pid == pid
+                    and proc.state is State.READY and not await relay.exited(pid)):
+                await self.upstream_failed(proc, pid, model, fail, idle)
+                return False
+            logger.info('model "%s": its reused connection was %s before the request was '
+                        "read; sending it once more on a fresh one", model, fail.describe())
+            metrics.upstream_retried(model)
+            if self.rec is not None:
+                self.rec.upstream_retries += 1
+            client = relay.client(fresh=True)
+            relay.begin_attempt(model, streams)
+            try:
+                response = await client.send(client.build_request(
+                    method, url, headers=headers, content=body, timeout=to), stream=True)
+            except (httpx.TransportError, aiohttp.ClientError) as again:
+                fail = relay.failure(again)
+                if requeue and await self.died_unreached(proc, pid, model, fail):
+                    return True  # (the close was the process dying, not yet seen)
+                await self.upstream_failed(proc, pid, model, fail, idle)
+                return False
+        rec = self.rec
+        response_headers = response.headers
+        if streams:
+            relay.note_stream_answer(model, response_headers)
+        content_type = response_headers.get("content-type", "")
+        sse = content_type.startswith("text/event-stream")
+        parser = UsageParser(content_type)
+        if self._responded and response.status_code >= 400:
+            # The wait was reported on a 200 stream; the upstream's error becomes an event.
+            detail = (await response.aread())[:2000].decode(errors="replace")
+            await response.aclose()
+            await self.stream_error(f"model {model!r} answered HTTP {response.status_code}: "
+                                    f"{detail}", "upstream_error", response.status_code,
+                                    outcomes.UPSTREAM_ERROR)
+            return False
+        try:
+            if not self._responded:
+                self._responded = True
+                await self.send_headers(status=response.status_code,
+                                        headers=relay.response_headers(response_headers))
+            async for chunk in response.aiter_raw():
+                if rec is not None and rec.first_byte is None:
+                    rec.first_byte = time.monotonic()
+                parser.feed(chunk)
+                if rec is not None:
+                    rec.bytes_out += len(chunk)
+                await self.send_body(chunk, more_body=True)
+            if (_close_delimited(response, method)
+                    and await relay.exited(pid, CLOSE_DELIMITED_GRACE)):
+                # Nothing marks the end of such a body but the close, and the process died:
+                # it ended because the upstream did, not because the answer was complete.
+                await self.cut_mid_response(proc, model, relay.Failure(
+                    relay.CUT, "ended its body by exiting", "close-delimited body"),
+                    response.status_code, sse, started, idle)
+                return False
+            await self.send_body(b"")
+            if rec is not None:
+                rec.status_code = response.status_code
+                if response.status_code >= 400:
+                    rec.outcome = outcomes.UPSTREAM_ERROR
+                    rec.error = f"the upstream answered HTTP {response.status_code}"
+        except (httpx.TransportError, aiohttp.ClientError) as exc:
+            await self.cut_mid_response(proc, model, relay.failure(exc), response.status_code,
+                                        sse, started, idle)
+        finally:
+            if rec is not None:
+                rec.usage = parser.finish()
+            await response.aclose()
+        return False
+
+    async def died_unreached(self, proc: UpstreamProcess, pid: int | None, model: str,
+                             fail: relay.Failure) -> bool:
+        """Whether the request never reached the upstream because its process had died: the
+        connection was refused and the process has exited. Then the scheduler has been told
+        of the exit (`exit_reported`), so a request that waits again restarts the model."""
+        if not (fail.kind == relay.REFUSED and proc.state is not State.STOPPING
+                and await proc.exit_reported(pid, EXIT_GRACE)):
+            return False
+        logger.info('model "%s": its process (pid %s) had exited before this request could '
+                    "reach it; the request waits for the restart", model, pid)
+        return True
+
+    async def upstream_failed(self, proc: UpstreamProcess, pid: int | None, model: str,
+                              fail: relay.Failure, idle: float) -> None:
+        """No answer came: a 502 that says what happened (or, on a reported wait's 200
+        stream, an `error` event)."""
+        where = f"model {model!r} at {proc.spec.proxy}"
+        if proc.state is State.STOPPING:
+            message, code, outcome = (f"model {model!r} was stopped while answering this "
+                                      "request (an unload, a restart or the proxy's shutdown)",
+                                      "upstream_stopped", outcomes.UPSTREAM_STOPPED)
+        elif fail.kind == relay.TIMEOUT:
+            message, code, outcome = (f"model {model!r} sent nothing for {idle:g} s "
+                                      "(streamIdleTimeout); the request was ended",
+                                      "upstream_timeout", outcomes.UPSTREAM_DIED)
+        elif fail.kind in (relay.REFUSED, relay.CONNECT_TIMEOUT):
+            gone = " (its process has exited; it restarts on the next request)" if (
+                await relay.exited(pid, EXIT_GRACE)) else ""
+            message, code, outcome = (f"{where} {fail.describe()}{gone}",
+                                      "upstream_unreachable", outcomes.UPSTREAM_ERROR)
+        elif fail.kind == relay.BAD_RESPONSE:
+            message, code, outcome = (f"{where} {fail.describe()}", "upstream_bad_response",
+                                      outcomes.UPSTREAM_ERROR)
+        else:
+            died = await relay.exited(pid, EXIT_GRACE)
+            message = (f"model {model!r} died before answering: {fail.describe()}" if died else
+                       f"{where} {fail.words} before answering ({fail.type_name})")
+            code, outcome = "upstream_died", outcomes.UPSTREAM_DIED
+        message += f"; its log: GET /logs/stream/{model}"
+        if self._responded:  # a reported wait: the client already has its 200
+            await self.stream_error(message, code, 502, outcome)
+            return
+        await self.send_json(502, error_body(message, "upstream_error", code), outcome=outcome)
+
+    async def cut_mid_response(self, proc: UpstreamProcess, model: str, fail: relay.Failure,
+                               status: int, sse: bool, started: float, idle: float) -> None:
+        """The headers are out and the body broke off. Never a clean end, never a [DONE] the
+        upstream did not send: an SSE stream gets an `error` event, then its end; any other
+        body has its client connection aborted (no terminal chunk, no keep-alive waiting for
+        the rest of a Content-Length), so no client can take half an answer for a whole."""
+        outcome = outcomes.UPSTREAM_DIED
+        if proc.state is State.STOPPING:
+            message = (f"model {model!r} was stopped mid-response (an unload, a restart or the "
+                       "proxy's shutdown); the response was cut")
+            code, outcome = "upstream_stopped", outcomes.UPSTREAM_STOPPED
+        elif fail.kind == relay.TIMEOUT:
+            message = (f"model {model!r} sent nothing for {idle:g} s mid-response "
+                       "(streamIdleTimeout); the response was cut")
+            code = "upstream_timeout"
+        else:
+            message = (f"model {model!r} died or dropped the connection mid-response after "
+                       f"{time.monotonic() - started:.1f} s: it {fail.describe()}; the response "
+                       f"was cut; its log: GET /logs/stream/{model}")
+            code = "upstream_died"
+        logger.warning("%s", message)
+        if self.rec is not None:
+            self.rec.fail(status, outcome, message)
+        if sse:
+            await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
+                                 + b"\n\n", more_body=True)
+            await self.send_body(b"")
+        elif not self.abort_client():
+            await self.send_body(b"")
+
+    def abort_client(self) -> bool:
+        """Drop the client's connection without ending the response, as HTTP says to signal
+        an incomplete one. ASGI has no message for it and Daphne closes nothing when the
+        application returns, so this goes to the Twisted request that Daphne bound into our
+        `send` (`Server.create_application`: `partial(self.handle_reply, protocol)`); False
+        when there is none (another ASGI server, a test communicator)."""
+        send = self.base_send
+        request = send.args[0] if isinstance(send, functools.partial) and send.args else None
+        lose = getattr(request, "loseConnection", None)
+        if lose is None:
+            logger.warning("cannot abort the client connection of %s %s (no Daphne request); "
+                           "ending the response instead", self.scope["method"],
+                           self.scope["path"])
+            return False
+        lose()
+        return True
+
+
+def _forwards_api_key(meta: CatalogModel) -> bool:
+    """A model asks for the client's gpuproxy key to reach it (an upstream started with the
+    same `--api-key`) with `metadata: {gpuproxy: {forwardApiKey: true}}`."""
+    ours = meta.metadata.get("gpuproxy")
+    return isinstance(ours, dict) and ours.get("forwardApiKey") is True
+
+
+def _close_delimited(response: httpx.Response, method: str) -> bool:
+    """The body has no length of its own: it ends when the connection closes (RFC 9112 6.3)."""
+    headers = response.headers
+    return (method != "HEAD" and response.status_code not in (204, 304)
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower())
+
+
+def resolve_prefix(catalog: Catalog, rest: str) -> tuple[str | None, str | None]:
+    """The model whose id (or alias) is the longest prefix of `rest`, and what follows it.
+
+    Model ids may contain slashes (`org/model`), so try the longest candidate first.
+    """
+    parts = rest.split("/")
+    for n in range(len(parts), 0, -1):
+        candidate = "/".join(parts[:n])
+        model_id = catalog.resolve(candidate)
+        if model_id is not None:
+            return model_id, ("/".join(parts[n:]) if n < len(parts) else None)
+    return None, None
+
+
+def models_list(rt: runtime.Runtime, catalog: Catalog) -> dict[str, Any]:
+    """OpenAI's model list, with llama-swap's `meta.llamaswap` and `status` additions."""
+    data = []
+    for model_id, m in sorted(catalog.models.items()):
+        if m.unlisted:
+            continue
+        proc = rt.upstreams.existing(model_id)
+        loaded = proc is not None and proc.state is State.READY
+        record = {
+            "id": model_id, "object": "model", "created": m.created, "owned_by": "gpuproxy",
+            "name": m.name, "description": m.description,
+            "meta": {"llamaswap": {**m.metadata, "aliases": list(m.aliases)}},
+            "status": {"value": "loaded" if loaded else "unloaded"},
+        }
+        if m.capabilities:
+            record["capabilities"] = m.capabilities
+        data.append(record)
+        if catalog.include_aliases_in_list:
+            for alias in m.aliases:
+                data.append({**record, "id": alias,
+                             "meta": {"llamaswap": {**m.metadata, "modelID": model_id}}})
+    return {"object": "list", "data": data}

@@ -1,0 +1,60 @@
+"""The running proxy's door for code that does not run on its event loop (scheduling/live.py).
+
+`Control` is built with the runtime and attached to `scheduling.live` while it runs. Reads use
+only what the loop *published* (immutable snapshots, plain values); actions are handed to the
+loop with `run_coroutine_threadsafe`, where they become ordinary run-loop events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpuproxy.observe import metrics
+from scheduling.live import ModelLive
+
+if TYPE_CHECKING:
+    from gpuproxy.shell.runtime import Runtime
+
+T = TypeVar("T")
+
+
+class Control:
+    def __init__(self, runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+        self._rt = runtime
+        self._loop = loop
+
+    def live_models(self) -> dict[str, ModelLive]:
+        upstreams = self._rt.upstreams
+        snap = metrics.scheduler_snapshot()
+        states = metrics.model_states()
+
+        def last_error(model: str) -> str:
+            proc = upstreams.existing(model)
+            error = proc.last_error if proc is not None else None  # an immutable exception
+            return str(error) if error is not None else ""
+
+        return {m: ModelLive(states.get(m, "stopped"), m in snap.restart_pending,
+                             snap.in_flight.get(m, 0), last_error(m))
+                for m in metrics.configured_models()}
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def load(self, model: str) -> concurrent.futures.Future[str]:
+        return self._submit(self._rt.run_loop.load(model))
+
+    def unload(self, models: list[str]) -> concurrent.futures.Future[None]:
+        return self._submit(self._rt.run_loop.unload(models))
+
+    def restart(self, models: list[str]) -> concurrent.futures.Future[None]:
+        async def go() -> None:
+            self._rt.run_loop.restart(models)
+
+        return self._submit(go())
+
+    def reload(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._rt.request_reload)

@@ -1,0 +1,321 @@
+"""One proxy per GPU box: `serve` holds a lock for its whole life, and keeps holding it.
+
+Two schedulers on one GPU would each believe the memory is theirs. A second `gpuproxy serve`
+on the same data dir (a file lock) or the same PostgreSQL database (a session advisory lock)
+refuses to start. Both locks vanish with the process, however it ends, so a crash never leaves
+a stale lock behind.
+
+The advisory lock lives exactly as long as the database session that took it, and a session
+ends with any blip of the network or the database (the field report: a 1 s outage, and a
+second `serve` started beside the first). So the lock is watched: a thread checks it on its
+own connection every GPUPROXY_LOCK_CHECK_SECONDS and takes it again after a loss. If another
+instance got it first, this one must not go on as a second scheduler: `on_lost` is told who
+holds it (from pg_locks and pg_stat_activity) and `serve` stops loudly, with a non-zero exit.
+
+The same check is the proxy's view of the database's health (`database_status`): it runs
+whether or not requests come, on a connection outside Django's pool, so `/health` and the
+activity API know about an outage without waiting for a pool timeout themselves.
+
+No Django here: `serve` passes the paths and the connection settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("gpuproxy.shell.instance")
+
+LOCK_KEY = 0x67707278  # "gprx": the advisory lock id of "a gpuproxy serves this database"
+# pg_try_advisory_lock(bigint) shows in pg_locks as classid = high 32 bits, objid = low ones.
+_CLASSID, _OBJID = LOCK_KEY >> 32, LOCK_KEY & 0xFFFFFFFF
+
+_HOLDS = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+          "AND classid = %s AND objid = %s AND objsubid = 1 AND granted "
+          "AND pid = pg_backend_pid() AND database = "
+          "(SELECT oid FROM pg_database WHERE datname = current_database()))")
+_HOLDER = ("SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start "
+           "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+           "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s "
+           "AND l.objsubid = 1 AND l.granted AND l.database = "
+           "(SELECT oid FROM pg_database WHERE datname = current_database())")
+# A dead peer is noticed by TCP, not only at the next query that happens to fail.
+_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3, "tcp_user_timeout": 15000}
+
+
+class AlreadyServing(RuntimeError):
+    pass
+
+
+class LockLost(RuntimeError):
+    """Another instance holds the database lock this one had."""
+
+
+@dataclass(frozen=True)
+class DatabaseStatus:
+    """The database as the lock's own check last saw it: unreachable since `since` (UTC)."""
+
+    since: dt.datetime
+    detail: str
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+def _utc(wall: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(wall, tz=dt.UTC).replace(microsecond=0)
+
+
+_current: InstanceLock | None = None
+
+
+def current() -> InstanceLock | None:
+    """The lock this process holds (None outside `serve`)."""
+    return _current
+
+
+class InstanceLock:
+    """Held for the life of `serve`: a flock on the data dir, and on PostgreSQL a session
+    advisory lock on a connection of its own, watched by `watch()`."""
+
+    def __init__(self, data_dir: Path, database: dict[str, Any] | None,
+                 check_every: float = 1.0) -> None:
+        self.data_dir = data_dir
+        self.database = database  # psycopg connect kwargs, or None (SQLite)
+        self.check_every = check_every
+        self._file: Any = None
+        self._conn: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._down_since: float | None = None  # wall time of the first failed check
+        self._down_detail = ""
+        self._lost_at: float | None = None  # monotonic: the lock's session went away
+        self._probe_started: float | None = None  # monotonic, while a check runs
+        self._backend_pid: int | None = None  # the session that holds (or held) the lock
+
+    # ---- taking and releasing ------------------------------------------------------------
+
+    def acquire(self) -> None:
+        global _current
+        path = self.data_dir / "serve.lock"
+        f = path.open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise AlreadyServing(
+                f"another gpuproxy serve (pid {holder}) is running on the data dir "
+                f"{self.data_dir}: one scheduler per GPU box. Stop it first, or give this one "
+                "its own GPUPROXY_DATA_DIR and database if it really drives other GPUs."
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        if self.database is not None:
+            conn = self._connect()
+            if not self._try_lock(conn):
+                _, holder = self._describe_holder(conn)
+                conn.close()
+                self.release()
+                raise AlreadyServing(
+                    f"another gpuproxy serve is using the database {self._where()} (the lock "
+                    f"is held by {holder}): one scheduler per GPU box. Stop it first, or point "
+                    "this one at its own database (DATABASE_URL).")
+            self._conn = conn
+            self._backend_pid = conn.info.backend_pid
+        _current = self
+
+    def release(self) -> None:
+        global _current
+        if _current is self:
+            _current = None
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2 * self.check_every + 1)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._file, fcntl.LOCK_UN)
+                self._file.close()
+            self._file = None
+
+    # ---- watching ------------------------------------------------------------------------
+
+    def watch(self, on_lost: Callable[[str], None]) -> None:
+        """Check the lock every `check_every` seconds on a thread of its own (a hung query
+        must not stall the event loop), re-take it after a loss, and call `on_lost(message)`
+        once, from that thread, if another instance holds it."""
+        if self.database is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, args=(on_lost,),
+                                        name="instance-lock", daemon=True)
+        self._thread.start()
+
+    def _watch(self, on_lost: Callable[[str], None]) -> None:
+        while not self._stop.wait(self.check_every):
+            self._probe_started = time.monotonic()
+            try:
+                self._check()
+            except LockLost as exc:
+                on_lost(str(exc))
+                return
+            except Exception as exc:
+                self._unreachable(exc)
+            else:
+                self._reachable()
+            finally:
+                self._probe_started = None
+
+    def _check(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            try:
+                if conn.execute(_HOLDS, [_CLASSID, _OBJID]).fetchone()[0]:
+                    return
+                # The session is alive but does not hold the lock (nothing here unlocks it):
+                # take it again on this session, like after a reconnect.
+                if self._try_lock(conn):
+                    logger.warning("the one-proxy-per-database lock was not held by its own "
+                                   "session; took it again")
+                    return
+                raise LockLost(self._lost_message(self._describe_holder(conn)[1]))
+            except LockLost:
+                raise
+            except Exception as exc:
+                if self._lost_at is None:
+                    self._lost_at = time.monotonic()
+                    logger.warning("the database connection holding the one-proxy lock on %s "
+                                   "was lost (%s); taking the lock again as soon as the "
+                                   "database answers", self._where(), _one_line(exc))
+                self._conn = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+                self._unreachable(exc)
+        self._retake()
+
+    def _retake(self) -> None:
+        conn = self._connect()
+        try:
+            got = self._try_lock(conn)
+            holder = ""
+            # Our own old session may still be on its way out (terminated a moment ago, its
+            # locks not yet released): that is no other instance. Give it a moment.
+            deadline = time.monotonic() + 2.0
+            while not got:
+                holder_pid, holder = self._describe_holder(conn)
+                if holder_pid is None or holder_pid != self._backend_pid \
+                        or time.monotonic() > deadline or self._stop.wait(0.05):
+                    break
+                got = self._try_lock(conn)
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            raise LockLost(self._lost_message(holder or "another session"))
+        self._conn = conn
+        self._backend_pid = conn.info.backend_pid
+        lost_for = time.monotonic() - self._lost_at if self._lost_at is not None else 0.0
+        self._lost_at = None
+        logger.warning("re-took the one-proxy-per-database lock on %s after %.1f s without it",
+                       self._where(), lost_for)
+
+    def _lost_message(self, holder: str) -> str:
+        return (f"another process took the one-proxy-per-database lock on {self._where()} "
+                f"while this gpuproxy serve (pid {os.getpid()}) had lost its connection: the "
+                f"lock is held by {holder}. Two schedulers must not drive one GPU: this one "
+                "stops now. If the other is a gpuproxy serve, it carries on; otherwise stop "
+                "what holds the lock and start this one again.")
+
+    # ---- the database's health, as the check sees it -------------------------------------
+
+    def database_status(self) -> DatabaseStatus | None:
+        """None while the database answers (or nothing is watched: SQLite); else since when
+        it does not and why. A check that has not returned within two periods counts as
+        unreachable too (a database that accepts bytes but never answers)."""
+        if self._down_since is not None:
+            return DatabaseStatus(_utc(self._down_since), self._down_detail)
+        started = self._probe_started
+        if started is not None:
+            waited = time.monotonic() - started
+            if waited > max(2 * self.check_every, 2.0):
+                return DatabaseStatus(_utc(time.time() - waited),
+                                      f"no answer for {waited:.0f} s")
+        return None
+
+    def _unreachable(self, exc: BaseException) -> None:
+        if self._down_since is None:
+            self._down_since = time.time()
+            logger.warning("database %s unreachable (%s); requests are still served, activity "
+                           "rows are buffered, and the lock is checked again every %g s",
+                           self._where(), _one_line(exc), self.check_every)
+        self._down_detail = _one_line(exc)
+
+    def _reachable(self) -> None:
+        if self._down_since is not None:
+            logger.info("database %s reachable again after %.1f s", self._where(),
+                        time.time() - self._down_since)
+            self._down_since = None
+            self._down_detail = ""
+
+    # ---- PostgreSQL ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        assert self.database is not None
+        params = {"connect_timeout": 5, **self.database, **_KEEPALIVE,
+                  # who holds the lock, for the message another instance shows
+                  "application_name": f"gpuproxy serve pid {os.getpid()} on "
+                                      f"{socket.gethostname()}"}
+        params["connect_timeout"] = min(int(params["connect_timeout"]), 5)
+        return psycopg.connect(**params, autocommit=True)
+
+    @staticmethod
+    def _try_lock(conn: Any) -> bool:
+        return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone()[0])
+
+    @staticmethod
+    def _describe_holder(conn: Any) -> tuple[int | None, str]:
+        """Who holds the lock (its backend pid, and in words), as far as pg_stat_activity
+        tells this role."""
+        try:
+            row = conn.execute(_HOLDER, [_CLASSID, _OBJID]).fetchone()
+        except Exception as exc:
+            return None, f"another session (not readable: {_one_line(exc)})"
+        if row is None:
+            return None, "another session (it let go as this one looked)"
+        pid, app, addr, since = row
+        parts = [f"backend pid {pid}"]
+        if app:
+            parts.append(f"application_name {app!r}")
+        parts.append(f"from {addr}" if addr else "over a local socket")
+        if since is not None:
+            parts.append(f"connected since {since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC")
+        return pid, ", ".join(parts)
+
+    def _where(self) -> str:
+        assert self.database is not None
+        return (f"{self.database.get('dbname')!r} on "
+                f"{self.database.get('host') or 'localhost'}")

@@ -1,0 +1,351 @@
+"""The one task that owns the scheduler: events in, effects out (llama-swap's `baseRouter.run`).
+
+Consumers, views, swap tasks and admin saves never touch scheduler state; they post events to
+one queue. `RunLoop.run()` takes them one at a time and calls the scheduler, whose decisions
+come back through the `Effects` methods below. Slow work (swaps, stops) runs in tasks of its
+own and reports back as events, so the loop never awaits anything but its queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpuproxy.observe import metrics
+from gpuproxy.shell.upstreams import Upstreams
+from gpuproxy.upstream.processes import StartFailed, State
+from scheduling.core import effects as fx
+from scheduling.core.config import SchedulerConfig
+from scheduling.core.effects import Scheduler
+from scheduling.core.errors import QueueTimeout, SchedulingError, ShuttingDown
+from scheduling.core.events import (
+    Cancelled,
+    Event,
+    ModelExited,
+    Request,
+    RequestArrived,
+    RestartRequested,
+    ServeDone,
+    SettingsChanged,
+    Shutdown,
+    SwapDone,
+    Tick,
+    UnloadDone,
+    UnloadRequested,
+)
+
+logger = logging.getLogger("gpuproxy.shell.run_loop")
+
+SchedulerFactory = Callable[[SchedulerConfig, "RunLoop", Scheduler | None], Scheduler]
+
+_STATE = {
+    State.STOPPED: fx.STOPPED,
+    State.STARTING: fx.STARTING,
+    State.READY: fx.READY,
+    State.STOPPING: fx.STOPPING,
+    State.FAILED: fx.FAILED,
+}
+
+
+@dataclass(eq=False)
+class Waiting:
+    """The shell's side of one request: the future its consumer awaits, and its position."""
+
+    future: asyncio.Future[str]
+    position: int = 0  # 1-based place in the queue; 0 while waiting on a model load
+    position_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the scheduler has admitted the request and made it wait (queued, or behind a
+    # load): a rejection can no longer come, so a stream may start telling the client.
+    waits: asyncio.Event = field(default_factory=asyncio.Event)
+    model: str = ""
+    swap_wait: float | None = None  # seconds this request waited for a model load
+
+
+class Grant:
+    """A request allowed to reach its upstream; `release()` exactly once when done."""
+
+    __slots__ = ("_loop", "_released", "model", "req", "swap_wait")
+
+    def __init__(self, loop: RunLoop, req: Request, model: str) -> None:
+        self._loop = loop
+        self.req = req
+        self.model = model
+        self._released = False
+        self.swap_wait: float | None = req.handle.swap_wait
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._loop.note_serve_done(self.model)
+            self._loop.post(ServeDone(self.req, self._loop.now()))
+
+
+class RunLoop:
+    """Owns the scheduler; implements its Effects with the upstream processes."""
+
+    def __init__(self, upstreams: Upstreams, config: SchedulerConfig,
+                 make_scheduler: SchedulerFactory) -> None:
+        self.upstreams = upstreams
+        upstreams.on_exit = self._process_exited
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._seq = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._make_scheduler = make_scheduler
+        self._swap_times: dict[str, tuple[float, float]] = {}  # model -> last load (start, end)
+        self.scheduler = make_scheduler(config, self, None)
+        # Test hook: when set, every processed event is put here after its handler ran.
+        self.processed: asyncio.Queue[Event] | None = None
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="run-loop")
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def post(self, event: Event) -> None:
+        self._events.put_nowait(event)
+
+    async def run(self) -> None:
+        while True:
+            event = await self._events.get()
+            try:
+                self._dispatch(event)
+            except Exception:
+                # A scheduler bug must not wedge every other request: log it loudly and go on.
+                logger.exception("scheduler failed on %r", event)
+            try:
+                self._publish()
+            except Exception:
+                logger.exception("publishing the scheduler snapshot failed after %r", event)
+            if self.processed is not None:
+                self.processed.put_nowait(event)
+            if isinstance(event, Shutdown):
+                return
+
+    def _dispatch(self, event: Event) -> None:
+        s = self.scheduler
+        match event:
+            case RequestArrived():
+                s.on_request(event)
+                waiting: Waiting = event.req.handle
+                if isinstance(waiting, Waiting) and not waiting.future.done():
+                    waiting.waits.set()
+            case Cancelled():
+                s.on_cancel(event)
+            case SwapDone():
+                s.on_swap_done(event)
+            case ServeDone():
+                s.on_serve_done(event)
+            case UnloadRequested():
+                s.on_unload(event)
+            case UnloadDone():
+                s.on_unload_done(event)
+            case RestartRequested():
+                s.on_restart(event)
+            case ModelExited():
+                s.on_model_exited(event)
+            case SettingsChanged():
+                if event.config.scheduler != s.config.scheduler:
+                    # A policy switch (fifo <-> serial) hands the queue, swaps and in-flight
+                    # books to the new scheduler; nothing waiting is lost.
+                    logger.info("scheduler changed from %s to %s", s.config.scheduler,
+                                event.config.scheduler)
+                    s = self.scheduler = self._make_scheduler(event.config, self, s)
+                s.on_settings_changed(event)
+            case Tick():
+                s.on_tick(event)
+            case Shutdown():
+                s.on_shutdown(event)
+
+    def _publish(self) -> None:
+        """Hand the metrics a fresh, immutable view of the books (O(bands + models)); the
+        scrape thread reads only this, never the scheduler."""
+        s = self.scheduler
+        metrics.publish_scheduler(metrics.SchedulerSnapshot(
+            waiting=s.waiting_by_band(),
+            stats=s.stats(),
+            in_flight={m: n for m in s.config.models if (n := s.in_flight(m))},
+            clock_offset=time.monotonic() - self.now(),
+            scheduler=s.config.scheduler,
+            restart_pending=s.restart_pending(),
+        ))
+
+    async def shutdown(self) -> None:
+        """Answer every waiter, then stop every upstream."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self.post(Shutdown(self.now()))
+            await self._task
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- the API for consumers and views --------------------------------------------------
+
+    async def acquire(self, model: str, priority: int = 0,
+                      deadline: float | None = None,
+                      watch: Callable[[Waiting], None] | None = None) -> Grant:
+        """Wait until the scheduler grants `model` (an id or an unknown name) to this caller.
+
+        Raises the SchedulingError the scheduler chose, or QueueTimeout after `deadline`
+        seconds of waiting (the request is withdrawn like a client that left).
+        Cancellation-safe: a caller that is cancelled while waiting is withdrawn, and a grant
+        that raced the cancel is released.
+        """
+        if deadline:
+            try:
+                async with asyncio.timeout(deadline):
+                    return await self.acquire(model, priority, watch=watch)
+            except TimeoutError:
+                raise QueueTimeout(model, deadline) from None
+        if self._closed:  # the loop takes no more events: waiting would be forever
+            raise ShuttingDown()
+        loop = asyncio.get_running_loop()
+        waiting = Waiting(loop.create_future(), model=model)
+        if watch is not None:
+            watch(waiting)  # e.g. a stream that reports the wait to its client
+        req = Request(next(self._seq), model, loop.time(), priority, waiting)
+        self.post(RequestArrived(req, req.arrived))
+        try:
+            granted_model = await asyncio.shield(waiting.future)
+        except asyncio.CancelledError:
+            if waiting.future.done() and not waiting.future.cancelled() \
+                    and waiting.future.exception() is None:
+                # granted as we left: give the slot back
+                self.note_serve_done(waiting.future.result())
+                self.post(ServeDone(req, loop.time()))
+            else:
+                if not waiting.future.done():
+                    waiting.future.cancel()
+                self.post(Cancelled(req, loop.time()))
+            raise
+        return Grant(self, req, granted_model)
+
+    async def load(self, model: str) -> str:
+        """Make `model` ready through the scheduler and return its id: an ordinary request,
+        released as soon as it is granted, so it queues, joins swaps and respects work in
+        flight like an inference request. Raises the SchedulingError (404, 502, ...)."""
+        grant = await self.acquire(model)
+        grant.release()
+        return grant.model
+
+    async def unload(self, models: Iterable[str]) -> None:
+        """Stop these models through the scheduler (so no swap races the stop). After the
+        run loop's shutdown there is nothing to do: shutdown stops every upstream."""
+        if self._closed:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.post(UnloadRequested(tuple(models), self.now(), done))
+        await done
+
+    def _process_exited(self, model: str) -> None:
+        """A model's process exited (Upstreams.on_exit): the scheduler hears it as an event,
+        ahead of the process's own state change."""
+        if not self._closed:
+            self.post(ModelExited(model, self.now()))
+
+    def restart(self, models: Iterable[str]) -> None:
+        """Restart these models once each is idle (work in flight is never cut off)."""
+        self.post(RestartRequested(tuple(models), self.now()))
+
+    def settings_changed(self, config: SchedulerConfig) -> None:
+        self.post(SettingsChanged(config, self.now()))
+
+    # ---- Effects (called by the scheduler, on the run loop's task) -------------------------
+
+    def model_state(self, model: str) -> str:
+        proc = self.upstreams.existing(model)
+        return fx.STOPPED if proc is None else _STATE[proc.state]
+
+    def running_models(self) -> list[str]:
+        return self.upstreams.running_ids()
+
+    def start_swap(self, model: str, evict: list[str]) -> None:
+        self._spawn(self._swap(model, evict), f"swap:{model}")
+
+    async def _swap(self, model: str, evict: list[str]) -> None:
+        error: str | None = None
+        timed_out = False
+        started = self.now()
+        try:
+            if evict:
+                logger.info("loading model %r: unloading %s first", model,
+                            ", ".join(repr(m) for m in evict))
+                await asyncio.gather(*(self.upstreams.process(m).stop() for m in evict))
+            await self.upstreams.process(model).ensure_ready()
+        except StartFailed as exc:
+            # What clients read: the details (command line, output) are in the log already.
+            error, timed_out = exc.public, exc.reason == "timeout"
+        except Exception:  # a bug must still answer the waiters
+            logger.exception("swap to %r failed", model)
+            error = (f"model {model!r} could not be loaded: an internal error; the proxy's log "
+                     "has it")
+        self._swap_times[model] = (started, self.now())
+        if error is None:
+            metrics.observe_swap(model, self.now() - started)
+        self.post(SwapDone(model, self.now(), error, timed_out))
+
+    def grant_serve(self, req: Request, model: str) -> bool:
+        waiting: Waiting = req.handle
+        if waiting.future.done():  # the client left; no ServeDone will ever come
+            return False
+        load = self._swap_times.get(model)
+        if load is not None and load[1] > req.arrived:  # it waited (partly) for this load
+            waiting.swap_wait = load[1] - max(load[0], req.arrived)
+        waiting.future.set_result(model)
+        self.upstreams.process(model).request_started()
+        if req.dispatch is not None:
+            metrics.observe_dispatch(req.dispatch.band, req.dispatch.queue_wait)
+        return True
+
+    def grant_error(self, req: Request, error: SchedulingError) -> None:
+        waiting: Waiting = req.handle
+        if not waiting.future.done():
+            waiting.future.set_exception(error)
+
+    def stop_processes(self, models: Iterable[str], handle: object) -> None:
+        models = tuple(models)
+        self._spawn(self._stop(models, handle), "unload")
+
+    async def _stop(self, models: tuple[str, ...], handle: object) -> None:
+        try:
+            procs = [p for m in models if (p := self.upstreams.existing(m)) is not None]
+            by_timeout: dict[float, list] = {}
+            for p in procs:  # smallest unload timeout first, llama-swap's order
+                by_timeout.setdefault(p.spec.unload_timeout, []).append(p)
+            for timeout in sorted(by_timeout):
+                await asyncio.gather(*(p.stop() for p in by_timeout[timeout]))
+        finally:
+            self.post(UnloadDone(models, self.now()))
+            if isinstance(handle, asyncio.Future) and not handle.done():
+                handle.set_result(None)
+
+    def position_changed(self, req: Request, position: int) -> None:
+        waiting: Waiting = req.handle
+        waiting.position = position
+        waiting.position_changed.set()
+
+    def note_serve_done(self, model: str) -> None:
+        """Called by the shell when a granted request ends, for the process's TTL clock."""
+        proc = self.upstreams.existing(model)
+        if proc is not None:
+            proc.request_finished()
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,311 @@
+"""The process-wide objects of a running proxy, bound to the server's event loop.
+
+`await runtime.get()` returns the one `Runtime` (catalog loaded, run loop running), creating it
+on first use in whichever loop Daphne runs. Database work from async code runs on one
+dedicated thread, never on asgiref's shared thread-sensitive executor: a hung query there
+stalls every Channels consumer (`django-stack-notes.md` §6).
+
+During a database outage that thread would wait the pool timeout (10 s) for every call, and
+the calls queue behind each other: the activity API hung. So `run_db` refuses at once, with
+`DatabaseUnavailable`, while the instance lock's own check (gpuproxy/shell/instance.py, every
+GPUPROXY_LOCK_CHECK_SECONDS on a connection outside the pool) says the database does not
+answer; a normal call pays one attribute read for it. `database_problem()` says the same in
+words for `/health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.db import OperationalError, close_old_connections
+
+from activity.writer import writer as activity_writer
+from gpuproxy.observe import metrics
+from gpuproxy.observe.perfmon import PerfMonitor
+from gpuproxy.shell import instance
+from gpuproxy.shell.control import Control
+from gpuproxy.shell.run_loop import RunLoop
+from gpuproxy.shell.upstreams import Upstreams
+from gpuproxy.upstream import relay
+from gpuproxy.upstream.orphans import ProcessRecords
+from scheduling import live
+from scheduling.catalog import Catalog
+from scheduling.core.policies import make_scheduler
+
+T = TypeVar("T")
+logger = logging.getLogger("gpuproxy.shell.runtime")
+
+_db_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuproxy-db")
+
+
+class DatabaseUnavailable(OperationalError):
+    """The database is known to be unreachable: refused without waiting for the pool."""
+
+
+def database_problem() -> str | None:
+    """None while the database answers; else what is wrong, since when, and what that means
+    for requests, in words for a person (`/health`, the activity API's 503)."""
+    lock = instance.current()
+    status = lock.database_status() if lock is not None else None
+    if status is None:
+        return None
+    buffered = activity_writer().buffered
+    return (f"database unreachable since {status.since.isoformat().replace('+00:00', 'Z')} "
+            f"({status.detail}); requests are served, activity rows are buffered "
+            f"({buffered} waiting)")
+
+
+async def run_db(fn: Callable[[], T]) -> T:
+    """Run ORM code on the dedicated database thread and return its result; raise
+    DatabaseUnavailable at once during a known outage."""
+    if (problem := database_problem()) is not None:
+        raise DatabaseUnavailable(problem)
+
+    def call() -> T:
+        close_old_connections()
+        try:
+            return fn()
+        finally:
+            close_old_connections()
+
+    return await asyncio.get_running_loop().run_in_executor(_db_executor, call)
+
+
+async def _load_catalog() -> Catalog:
+    from scheduling.catalog_db import build_catalog
+
+    return await run_db(build_catalog)
+
+
+def own_connection_params() -> dict[str, Any]:
+    """psycopg keyword arguments for a PostgreSQL connection of our own, outside Django's
+    pool (the LISTEN connection, the instance lock), from the default database settings."""
+    from django.db import connections
+
+    db = connections["default"].settings_dict
+    params = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"],
+              "host": db["HOST"], "port": db["PORT"], "connect_timeout": 10}
+    return {k: v for k, v in params.items() if v}
+
+
+def upstream_records() -> ProcessRecords:
+    """Where the running upstreams' process groups are written (swept after a crash)."""
+    from django.conf import settings
+
+    return ProcessRecords(settings.DATA_DIR / "upstreams")
+
+
+RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
+
+
+class Runtime:
+    def __init__(self, upstreams: Upstreams, run_loop: RunLoop, perf: PerfMonitor) -> None:
+        self.upstreams = upstreams
+        self.run_loop = run_loop
+        self.perf = perf
+        self._watcher: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self._reload_wanted = asyncio.Event()
+        self.control: Control | None = None  # attached to scheduling.live while running
+
+    def request_reload(self) -> None:
+        """Re-read the definitions now: a save was committed (in this process, or announced
+        by PostgreSQL). Many calls in a row fold into one reload."""
+        self._reload_wanted.set()
+
+    def start_watcher(self, every: float = RELOAD_SECONDS) -> None:
+        """Apply definition changes without a restart: at once when told (`request_reload`,
+        fed by scheduling/signals.py and, on PostgreSQL, by LISTEN), and by a periodic check
+        of the tables' fingerprint for anything else (SQLite written by another process, a
+        notification lost while the database was away)."""
+        if self._watcher is None:
+            loop = asyncio.get_running_loop()
+            self._watcher = loop.create_task(self._watch(every), name="catalog-watcher")
+            from django.db import connections
+
+            if connections["default"].vendor == "postgresql":
+                self._listener = loop.create_task(self._listen(every), name="catalog-listener")
+
+    async def _watch(self, every: float) -> None:
+        from scheduling.catalog_db import fingerprint
+
+        failing = False
+        owed = False  # told to reload, but the database was away: retry at the next turn
+        while True:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands as the event
+            # is set (a NOTIFY at shutdown), and shutdown() then waited for this task forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every):
+                    await self._reload_wanted.wait()
+            told = self._reload_wanted.is_set() or owed
+            self._reload_wanted.clear()
+            metrics.publish_loop_tasks(len(asyncio.all_tasks()))
+            try:
+                if told:
+                    await self.reload()
+                else:
+                    stamp = await run_db(fingerprint)
+                    if stamp != self.catalog.fingerprint:
+                        logger.info("model definitions changed in the database: applying them")
+                        await self.reload()
+                owed = False
+                if failing:
+                    logger.info("database reachable again: watching definitions")
+                failing = False
+            except Exception as exc:
+                owed = owed or told
+                if not failing:
+                    logger.warning("cannot read the definitions from the database (%s); the "
+                                   "proxy keeps serving with what it has and retries every "
+                                   "%g s", exc, every)
+                failing = True
+
+    async def _listen(self, every: float) -> None:
+        """LISTEN on PostgreSQL for `scheduling.signals.CHANNEL`, reconnecting with backoff.
+        A connection of its own, on the event loop (psycopg's async API): no thread."""
+        import psycopg
+
+        from scheduling.signals import CHANNEL
+
+        params = own_connection_params()
+        delay, warned = 1.0, False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    # Saves made while we were not listening (also between the catalog's
+                    # first load and this LISTEN) sent notifications nobody heard.
+                    self.request_reload()
+                    if warned:
+                        logger.info("listening for definition changes again")
+                    warned, delay = False, 1.0
+                    async for _ in conn.notifies():
+                        self.request_reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not warned:
+                    logger.warning("cannot LISTEN for definition changes on PostgreSQL (%s); "
+                                   "saves from other processes apply at the next periodic "
+                                   "check (every %g s) until it reconnects", exc, every)
+                    warned = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.upstreams.catalog
+
+    async def reload(self) -> None:
+        """Re-read the definitions and hand the scheduler its new configuration."""
+        catalog, _ = await self.upstreams.refresh()
+        # Removed, disabled and changed models are the scheduler's to stop or restart once
+        # idle: nothing in flight is cut off.
+        self.run_loop.settings_changed(catalog.scheduler_config())
+        self.perf.configure(catalog.performance_monitoring, catalog.performance_interval)
+
+    async def drain(self) -> None:
+        """The start of a graceful stop: every queued or loading request is answered 503
+        `shutting_down` by the scheduler (and any that comes later); requests in flight go
+        on, and their upstreams keep running until `shutdown()`."""
+        await self.run_loop.shutdown()
+
+    async def shutdown(self) -> None:
+        helpers = [t for t in (self._watcher, self._listener) if t is not None]
+        for task in helpers:
+            task.cancel()
+        if helpers:
+            # Bounded: a helper that does not end must not keep the upstreams running.
+            _, stuck = await asyncio.wait(helpers, timeout=5)
+            for task in stuck:
+                logger.error("shutdown: %s did not stop within 5 s of its cancel; going on",
+                             task.get_name())
+        await self.perf.stop()
+        metrics.publish_perf_monitor(None)
+        await self.run_loop.shutdown()
+        await self.upstreams.shutdown()
+        await relay.close()
+        # Every request has been answered by now: write their records before exiting.
+        if not await activity_writer().close(timeout=10.0):
+            logger.error("activity writer: %d rows could not be written before exit",
+                         activity_writer().buffered)
+
+
+_runtime: Runtime | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+_starting: asyncio.Future[Runtime] | None = None
+
+
+async def get() -> Runtime:
+    """The running proxy's Runtime, created (catalog read, run loop started) on first use."""
+    global _runtime, _loop, _starting
+    loop = asyncio.get_running_loop()
+    if _runtime is not None and _loop is loop:
+        return _runtime
+    if _starting is not None and _loop is loop:
+        return await asyncio.shield(_starting)
+    _loop = loop
+    _runtime = None
+    _starting = loop.create_future()
+    try:
+        upstreams = Upstreams(_load_catalog, records=upstream_records())
+        catalog, _ = await upstreams.refresh()
+        run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
+        run_loop.start()
+        activity_writer().start()
+        perf = PerfMonitor(catalog.performance_interval, catalog.performance_monitoring)
+        perf.start()
+        metrics.publish_perf_monitor(perf)
+        _runtime = Runtime(upstreams, run_loop, perf)
+        _runtime.control = Control(_runtime, loop)
+        live.attach(_runtime.control)
+    except BaseException as exc:
+        _starting.set_exception(exc)
+        _starting.exception()  # retrieved: the callers below re-raise it
+        _starting = None
+        raise
+    _starting.set_result(_runtime)
+    return _runtime
+
+
+def current() -> Runtime | None:
+    """The runtime if one was created in the running loop (for advisory reads)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return _runtime if _loop is loop else None
+
+
+async def _finish_starting(within: float = 30.0) -> None:
+    """A stop that lands while `get()` is building the runtime (a SIGTERM right after start)
+    waits for it, so what it starts is stopped too."""
+    starting = _starting
+    if _runtime is None and starting is not None and not starting.done():
+        await asyncio.wait({starting}, timeout=within)
+
+
+async def drain() -> None:
+    """Answer every waiter, let work in flight go on (see `Runtime.drain`); safe when nothing
+    was started."""
+    await _finish_starting()
+    if _runtime is not None:
+        await _runtime.drain()
+
+
+async def shutdown() -> None:
+    """Answer every waiter and stop every upstream; safe when nothing was started."""
+    global _runtime, _loop, _starting
+    await _finish_starting()
+    runtime, _runtime, _loop, _starting = _runtime, None, None, None
+    if runtime is not None:
+        if runtime.control is not None:
+            live.detach(runtime.control)
+        await runtime.shutdown()

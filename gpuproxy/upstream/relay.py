@@ -1,0 +1,365 @@
+"""The upstream HTTP client: one pooled httpx client for all upstreams, timeouts fit for LLMs.
+
+Connect is short (the upstream is local and was just health-checked); the read timeout is per
+socket read, so it bounds the wait for the first token and any silence mid-stream, not the
+length of a generation. Bytes are relayed raw (no decompression, no re-chunking).
+
+The transport is aiohttp's, behind httpx's API (`httpx-aiohttp`): httpx's own transport cost
+1.6-9x more proxy CPU per request here (`bench/upstream_transport.py`, encode/httpx#3215).
+
+Also here, because they are about the connection, not the request: which connections may be
+reused (`closes_after_streams`, `KEEPALIVE_EXPIRY`), when a request may be sent once more
+(`may_retry`), what a failure was in our own words (`failure`: never an exception's text), and
+no cookie jar at any level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import re
+import select
+import time
+import weakref
+from contextvars import ContextVar
+from dataclasses import dataclass
+from http.cookiejar import CookieJar
+
+import aiohttp
+import httpx
+from aiohttp import http_exceptions
+from httpx_aiohttp import AiohttpTransport
+
+logger = logging.getLogger("gpuproxy.proxy")
+
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 600.0  # longest time-to-first-token or silence we accept from an upstream
+# An idle pooled connection is dropped after this long: under the 5 s that llama.cpp's server
+# and uvicorn (vLLM) wait before they close an idle keep-alive connection themselves, so a
+# request is never written on a connection the server is closing at that moment.
+KEEPALIVE_EXPIRY = 4.0
+# A failure this soon after a reused connection was handed out, before any answer, is the
+# server having closed it (the request was never read): safe to send once more, fresh.
+RETRY_WINDOW = 0.1
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+})
+# The upstream's `Server` (llama.cpp, uvicorn and their versions) is not the client's business:
+# the answer comes from gpuproxy, which names itself.
+RESPONSE_DROP = (HOP_BY_HOP - {b"content-length"}) | {b"server", b"x-powered-by"}
+# A passthrough (`/upstream/...`) body that asks for a stream, without parsing it.
+_STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
+
+
+class _NoCookies(CookieJar):
+    """Upstreams set no cookies worth keeping, and a proxy must not carry one client's
+    cookies to the next. httpx consults its jar on every request and response, parsing the
+    headers with the `email` package: 5 % of the proxy's CPU per request (BENCHMARKS.md).
+    (aiohttp's own jar, one level down, is a `DummyCookieJar`: see `_session`.)"""
+
+    def add_cookie_header(self, request: object) -> None:
+        return None
+
+    def extract_cookies(self, response: object, request: object) -> None:
+        return None
+
+
+# The connection the request this task is sending went out on, set by `_Connector.connect`
+# (aiohttp awaits it in the sending task): (reused, its previous request was a stream, when it
+# was handed out). And what the task sends: (the model, whether it asks for a stream).
+_connection: ContextVar[tuple[bool, bool, float] | None] = ContextVar(
+    "gpuproxy_upstream_connection", default=None)
+_sending: ContextVar[tuple[str, bool]] = ContextVar("gpuproxy_sending", default=("", False))
+
+
+class _Connector(aiohttp.TCPConnector):
+    """The pooled connector, which remembers of each connection whether it carried a request
+    before and whether that one was a stream: only a reused connection can be one the server
+    already closed, and one that carried a stream is how a server that closes after streams
+    shows itself."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._last: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
+
+    async def connect(self, req, traces, timeout):  # type: ignore[no-untyped-def]  # noqa: ASYNC109
+        model, stream = _sending.get()
+        last = self._last
+        conn = await super().connect(req, traces, timeout)
+        previous = last.get(conn.protocol)
+        while previous and model in _closers:
+            # it carried a stream of a server that closes after one (see below): never reuse
+            conn.close()
+            conn = await super().connect(req, traces, timeout)
+            previous = last.get(conn.protocol)
+        _connection.set((previous is not None, previous is True, time.monotonic()))
+        last[conn.protocol] = stream
+        return conn
+
+
+def _session(pooled: bool) -> aiohttp.ClientSession:
+    """aiohttp's session under httpx. No cookie jar: aiohttp's default one would keep a
+    `Set-Cookie` from any upstream and send it on every later request, from every client, to
+    every upstream (they are all `localhost`)."""
+    # aiohttp caps connections at 100 unless told: the scheduler is the real limit.
+    connector = (_Connector(limit=10_000, keepalive_timeout=KEEPALIVE_EXPIRY) if pooled
+                 else aiohttp.TCPConnector(limit=10_000, force_close=True))
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                 trust_env=False)
+
+
+_clients: dict[bool, httpx.AsyncClient] = {}
+_client_loop: asyncio.AbstractEventLoop | None = None
+
+
+def client(fresh: bool = False) -> httpx.AsyncClient:
+    """The shared client, created lazily for the running loop (its pool belongs to it).
+
+    `fresh`: a client whose every request has a new connection, closed after its response
+    (`Connection: close`): for the streams of a model that closes after streams
+    (`closes_after_streams`), and for the one retry.
+    """
+    global _client_loop
+    loop = asyncio.get_running_loop()
+    if _client_loop is not loop:
+        _clients.clear()
+        _client_loop = loop
+    made = _clients.get(fresh)
+    if made is None:
+        made = _clients[fresh] = httpx.AsyncClient(
+            # trust_env off: a system HTTP proxy must never sit between us and localhost
+            transport=AiohttpTransport(client=lambda: _session(pooled=not fresh),
+                                       trust_env=False),
+            timeout=httpx.Timeout(CONNECT_TIMEOUT, read=READ_TIMEOUT, write=60.0, pool=None),
+            trust_env=False,
+            follow_redirects=False,
+            cookies=_NoCookies(),
+            headers={"connection": "close"} if fresh else None,
+        )
+    return made
+
+
+def timeout(idle: float) -> httpx.Timeout:
+    """A request's timeouts with `idle` as the longest silence (first byte or mid-stream)."""
+    return httpx.Timeout(CONNECT_TIMEOUT, read=idle, write=60.0, pool=None)
+
+
+async def close() -> None:
+    global _client_loop
+    if _client_loop is asyncio.get_running_loop():
+        for made in _clients.values():
+            await made.aclose()
+    _clients.clear()
+    _client_loop = None
+
+
+def passthrough_streams(body: bytes) -> bool:
+    """Whether a passthrough request's JSON body asks for a stream (`"stream": true`)."""
+    return b'"stream"' in body and _STREAM_FLAG.search(body) is not None
+
+
+def begin_attempt(model: str, stream: bool) -> None:
+    """Before a send from this task: forget the previous request's connection, and say for
+    which model and whether it asks for a stream (its connection remembers that)."""
+    _connection.set(None)
+    _sending.set((model, stream))
+
+
+# ---- upstreams that close after a stream ---------------------------------------------------------
+#
+# llama.cpp's server (cpp-httplib) answers every request with `Keep-Alive: timeout=5, max=100`
+# and still closes the connection after every streamed response. Written on such a pooled
+# connection before its close was seen, the next request fails: ~1 % (up to 7 %) false 502s
+# under queued load, when the scheduler dispatches the next request the moment a stream ends.
+# So a model known or seen to do that never has a stream's connection reused: its streams get
+# a fresh connection each (`Connection: close`), and a pooled connection that carried one of
+# its streams (the one it was learned from) is closed when next handed out. Everyone else keeps
+# pooled streams: a connect per stream costs the proxy about a tenth of a short stream's CPU.
+
+# `Server` header prefixes of servers known to close after every streamed response
+CLOSES_AFTER_STREAMS = ("llama.cpp",)
+_closers: set[str] = set()
+
+
+def closes_after_streams(model: str) -> bool:
+    return model in _closers
+
+
+def _learn(model: str, how: str) -> None:
+    if model not in _closers:
+        _closers.add(model)
+        logger.info('model "%s" closes the connection after a streamed response (%s): its '
+                    "streams get a connection each from now on", model, how)
+
+
+def note_stream_answer(model: str, headers: httpx.Headers) -> None:
+    """A streamed request's answer arrived: learn the model's server from it."""
+    if model not in _closers and headers.get("server", "").startswith(CLOSES_AFTER_STREAMS):
+        _learn(model, f"its server is {headers['server']}")
+
+
+def note_failure(model: str, fail: Failure) -> None:
+    """A request that got no answer: a reused connection whose previous response was a
+    stream, closed or reset by the server, shows a server that closes after streams."""
+    conn = _connection.get()
+    if fail.kind in (CLOSED, RESET) and conn is not None and conn[1]:
+        _learn(model, "a connection that had carried a stream was closed when reused")
+
+
+# ---- what went wrong, in our own words ---------------------------------------------------------
+
+REFUSED = "refused"
+CONNECT_TIMEOUT_KIND = "connect_timeout"
+CLOSED = "closed"
+RESET = "reset"
+TIMEOUT = "timeout"
+BAD_RESPONSE = "bad_response"
+CUT = "cut"
+OTHER = "other"
+
+_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+# aiohttp's parser errors, most specific first: what the upstream sent, said by us. Their own
+# messages quote the upstream's bytes, which may echo what we sent it (headers, a key).
+_BAD_HTTP: tuple[tuple[type[BaseException], str], ...] = (
+    (http_exceptions.LineTooLong, "sent a header line longer than aiohttp's limit of 8190 "
+                                  "bytes"),
+    (http_exceptions.BadStatusLine, "did not answer with an HTTP status line"),
+    (http_exceptions.InvalidHeader, "sent an invalid header"),
+    (http_exceptions.ContentLengthError, "ended the body before its Content-Length"),
+    (http_exceptions.TransferEncodingError, "broke off or garbled its chunked body"),
+    (http_exceptions.BadHttpMessage, "sent a malformed HTTP response (a duplicate "
+                                     "Content-Length, bad chunk framing, a bad header...)"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """An upstream request's failure: `kind` for decisions, `words` (what the upstream did,
+    in our words) and `type_name` (the underlying exception's type) for people. Never the
+    exception's text or repr: aiohttp's hold the request we sent (headers: the client's key,
+    its cookies) and the upstream's raw bytes. `partial`: part of an answer had come."""
+
+    kind: str
+    words: str
+    type_name: str
+    partial: bool = False
+
+    def describe(self) -> str:
+        return f"{self.words} ({self.type_name})"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 8:
+        out.append(seen)
+        seen = seen.__cause__
+    return out
+
+
+def failure(exc: BaseException) -> Failure:
+    """Classify what httpx (over httpx-aiohttp) raised. The mapping to httpx types says little:
+    a connection the server closed becomes `ConnectTimeout`, so the aiohttp exception under
+    it (`__cause__`) decides."""
+    chain = _chain(exc)
+    inner = next((e for e in chain if isinstance(e, aiohttp.ClientError)), None)
+    name = type(inner if inner is not None else exc).__name__
+    for e in chain:
+        for kind, words in _BAD_HTTP:
+            if isinstance(e, kind):
+                cut = isinstance(e, http_exceptions.PayloadEncodingError)
+                return Failure(CUT if cut else BAD_RESPONSE, words, type(e).__name__)
+    if isinstance(inner, aiohttp.ClientConnectorError):
+        if inner.os_error.errno == errno.ECONNREFUSED or isinstance(
+                inner.os_error, ConnectionRefusedError):
+            return Failure(REFUSED, "refused the connection (nothing listens on that port)", name)
+        return Failure(REFUSED, "could not be connected to", name)
+    if isinstance(inner, aiohttp.ConnectionTimeoutError) or (
+            inner is None and isinstance(exc, httpx.ConnectTimeout)):
+        return Failure(CONNECT_TIMEOUT_KIND,
+                       f"did not accept the connection within {CONNECT_TIMEOUT:g} s", name)
+    if isinstance(inner, aiohttp.ServerTimeoutError) or (
+            inner is None and isinstance(exc, httpx.TimeoutException)):
+        return Failure(TIMEOUT, "sent nothing in time", name)
+    if isinstance(inner, aiohttp.ServerDisconnectedError):
+        # its `message` is the part of a response parsed before the close, if any
+        return Failure(CLOSED, "closed the connection", name,
+                       partial=not isinstance(inner.message, str))
+    if isinstance(inner, aiohttp.ClientConnectionResetError) or (
+            isinstance(inner, aiohttp.ClientOSError) and inner.errno in _RESET_ERRNOS):
+        return Failure(RESET, "reset the connection", name)
+    if isinstance(inner, aiohttp.ClientPayloadError):
+        return Failure(CUT, "broke off the body", name)
+    if isinstance(inner, aiohttp.ClientResponseError):
+        return Failure(BAD_RESPONSE, "sent a response that is not valid HTTP", name)
+    if isinstance(inner, aiohttp.ClientConnectionError) or (
+            inner is None and isinstance(exc, httpx.NetworkError)):
+        return Failure(CLOSED, "lost the connection", name)
+    return Failure(OTHER, "failed", name)
+
+
+def may_retry(fail: Failure) -> bool:
+    """Whether the request that just failed this way may be sent once more, fresh: only when
+    its connection was a reused one, the failure is the server's close or reset (never a
+    timeout, never a bad answer) and it came within RETRY_WINDOW of the hand-out, so the
+    server cannot have read the request. The caller adds what only it knows (no response
+    byte, the same live process, a buffered body, an inference path)."""
+    if fail.kind not in (CLOSED, RESET) or fail.partial:
+        return False
+    conn = _connection.get()
+    return conn is not None and conn[0] and time.monotonic() - conn[2] <= RETRY_WINDOW
+
+
+async def exited(pid: int | None, within: float = 0.0) -> bool:
+    """Whether process `pid` (our child) has exited, or does within `within` seconds: the
+    kernel's exit notification (a pidfd), not a poll. A reaped pid counts as exited."""
+    if pid is None:
+        return True
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # no pidfd (an old kernel): whether it has exited now
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT  # never blocks, never reaps
+            return os.waitid(os.P_PID, pid, flags) is not None  # noqa: ASYNC222
+        except ChildProcessError:
+            return True
+    try:
+        if select.select([fd], [], [], 0)[0]:  # a pidfd is readable once the process exited
+            return True
+        if within <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+        try:
+            await asyncio.wait_for(done, within)
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def request_headers(headers: list[tuple[bytes, bytes]], body_len: int,
+                    drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
+    """The client's headers for the upstream: all but hop-by-hop ones and `drop` (which
+    includes HOP_BY_HOP; `proxy.auth.credential_drop` adds the proxy's own credentials)."""
+    out = [(k, v) for k, v in headers if k.lower() not in drop]
+    out.append((b"content-length", str(body_len).encode()))
+    return out
+
+
+def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in headers.raw if k.lower() not in RESPONSE_DROP]
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        out.append((b"x-accel-buffering", b"no"))
+    return out
