@@ -57,6 +57,7 @@ compat:
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # Every bench/*.py, then BENCHMARKS.md rewritten with their output (bench/report.py); under
 # 10 minutes on a 2-core box. PostgreSQL (for the activity benches) as `make test` finds it.

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import uuid
 from functools import cached_property
+from typing import Any, cast
 
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -43,7 +44,7 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        qs = self.object_list
+        qs = cast(QuerySet[Any], self.object_list)  # the admin pages a queryset, always
         capped = qs.order_by()[:COUNT_CAP].count()
         if capped < COUNT_CAP:
             return capped

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -47,24 +46,17 @@ MAX_BACKOFF = 10.0
 DROP_LOG_EVERY = 1000
 
 
-def _env_max_buffer() -> int:
-    value = os.environ.get("GPUPROXY_ACTIVITY_BUFFER", "")
-    if not value:
-        return DEFAULT_MAX_BUFFER
-    try:
-        n = int(value)
-    except ValueError:
-        logger.warning("GPUPROXY_ACTIVITY_BUFFER=%r is not an integer; using %d", value,
-                       DEFAULT_MAX_BUFFER)
-        return DEFAULT_MAX_BUFFER
-    return max(n, 1)
+def _configured_max_buffer() -> int:
+    from django.conf import settings
+
+    return int(settings.GPUPROXY_ACTIVITY_BUFFER)
 
 
 class ActivityWriter:
     def __init__(self, *, max_buffer: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  interval: float = DEFAULT_INTERVAL, using: str = "default",
                  min_backoff: float = MIN_BACKOFF, max_backoff: float = MAX_BACKOFF) -> None:
-        self.max_buffer = max_buffer if max_buffer is not None else _env_max_buffer()
+        self.max_buffer = max_buffer if max_buffer is not None else _configured_max_buffer()
         self.batch_size = max(batch_size, 1)
         self.interval = interval
         self.using = using
@@ -285,7 +277,7 @@ class ActivityWriter:
             from activity.models import RequestLog
 
             self._char_limits = {
-                f.name: f.max_length for f in RequestLog._meta.concrete_fields
+                f.name: int(f.max_length or 0) for f in RequestLog._meta.concrete_fields
                 if getattr(f, "max_length", None) and f.get_internal_type() == "CharField"}
         return self._char_limits
 

@@ -35,9 +35,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from gpuproxy.observe import inflight, metrics
 from gpuproxy.observe.history import HISTORY
 from gpuproxy.shell import runtime
+from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.logbuffer import registry as log_registry
-from scheduling.core.errors import SchedulingError
+from gpuproxy.upstream.states import State
+from scheduling.core.effects import Scheduler
+from scheduling.core.errors import SchedulingError, ShuttingDown
+from scheduling.core.events import Request
 from scheduling.core.priority import BANDS, band
 
 logger = logging.getLogger("dashboard.consumer")
@@ -49,14 +53,13 @@ WAITING_SHOWN = 100  # requests listed per band
 LOG_HISTORY = 200  # lines of history sent when a log tail starts
 
 
-def state(rt: runtime.Runtime) -> dict[str, Any]:
-    """Everything the page shows. Runs on the event loop (it reads the scheduler)."""
-    s = rt.run_loop.scheduler
-    now = rt.run_loop.now()
+def _books(s: Scheduler, now: float) -> dict[str, Any]:
+    """The scheduler's side of the page, read by the run loop itself (`ProxyPort.inspect`)
+    between two events: who waits where, with which score, and what is in flight."""
     cfg = s.config
     score_of = getattr(s, "score", None)
 
-    def score(r) -> float:
+    def score(r: Request) -> float:
         if score_of is not None:
             return round(score_of(r, now), 2)
         mc = cfg.models.get(r.model)  # fifo: the model's fifo priority plus the header
@@ -67,7 +70,7 @@ def state(rt: runtime.Runtime) -> dict[str, Any]:
             else round(now - oldest, 3), "waiting": []}
         for b, (n, oldest) in s.waiting_by_band().items()}
 
-    def add(r, position: int | None) -> None:
+    def add(r: Request, position: int | None) -> None:
         listed = bands[band(r.priority)]["waiting"]
         if len(listed) < WAITING_SHOWN:
             listed.append({"seq": r.seq, "model": r.model, "priority": r.priority,
@@ -80,26 +83,35 @@ def state(rt: runtime.Runtime) -> dict[str, Any]:
     for waiters in s.active_swaps().values():
         for r in waiters:
             add(r, None)
+    return {
+        "bands": [bands[b] for b in BANDS],
+        "in_flight": {m: s.in_flight(m) for m in cfg.models},
+        "restart_pending": s.restart_pending(),
+        "scheduler": {"kind": cfg.scheduler, "aging_divisor": cfg.aging_divisor,
+                      "swap_affinity_bonus": cfg.swap_affinity_bonus},
+    }
 
-    pending = s.restart_pending()
+
+async def state(rt: ProxyPort) -> dict[str, Any]:
+    """Everything the page shows: the books from the run loop, the rest from published data."""
+    books = await rt.inspect(_books)
     models = []
     for model_id, meta in sorted(rt.catalog.models.items()):
-        proc = rt.upstreams.existing(model_id)
+        proc = rt.upstream(model_id)
         models.append({
             "id": model_id,
             "name": meta.name,
-            "state": str(proc.state) if proc is not None else "stopped",
+            "state": (proc.state if proc is not None else State.STOPPED).value,
             "pid": proc.pid if proc is not None else None,
-            "in_flight": s.in_flight(model_id),
-            "restart_needed": model_id in pending,
+            "in_flight": books["in_flight"].get(model_id, 0),
+            "restart_needed": model_id in books["restart_pending"],
             "aliases": list(meta.aliases),
         })
     return {
         "time": time.time(),
-        "scheduler": {"kind": cfg.scheduler, "aging_divisor": cfg.aging_divisor,
-                      "swap_affinity_bonus": cfg.swap_affinity_bonus},
+        "scheduler": books["scheduler"],
         "models": models,
-        "bands": [bands[b] for b in BANDS],
+        "bands": books["bands"],
         "in_flight": inflight.snapshot(),
         "recent": list(HISTORY.recent),
         "history": HISTORY.view(),
@@ -161,7 +173,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                     await task
 
     async def _send_states(self) -> None:
-        rt = await runtime.get()
+        rt = await runtime.port()
         while True:
             refresh = BUSY_REFRESH if inflight.snapshot() else IDLE_REFRESH
             with contextlib.suppress(TimeoutError):  # not wait_for: see runtime._watch
@@ -169,7 +181,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self.send_json({"type": "state", "state": state(rt)})
+                await self.send_json({"type": "state", "state": await state(rt)})
+            except ShuttingDown:
+                return  # the proxy is stopping: nothing more to show
             except Exception:
                 logger.exception("dashboard: could not send the state")
                 raise
@@ -179,7 +193,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(content, dict):
             return
         action = content.get("action")
-        rt = await runtime.get()
+        rt = await runtime.port()
         if action in ("load", "unload", "restart"):
             model = rt.catalog.resolve(str(content.get("model", "")))
             if model is None:
@@ -194,16 +208,16 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         elif action == "logs":
             await self._tail(content.get("source"))
 
-    async def _model_action(self, rt: runtime.Runtime, action: str, model: str) -> None:
+    async def _model_action(self, rt: ProxyPort, action: str, model: str) -> None:
         try:
             if action == "load":
-                await rt.run_loop.load(model)
+                await rt.load(model)
                 message = f"{model} is ready"
             elif action == "unload":
-                await rt.run_loop.unload([model])
+                await rt.unload([model])
                 message = f"{model} is stopped"
             else:
-                rt.run_loop.restart([model])
+                rt.restart([model])
                 message = f"{model} restarts when idle"
             await self._result(action, model, True, message)
         except SchedulingError as exc:
@@ -222,7 +236,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             self._log_task = None
         if source is None:
             return
-        rt = await runtime.get()
+        rt = await runtime.port()
         name = PROXY if source == "proxy" else rt.catalog.resolve(str(source))
         if name is None:
             await self._result("logs", source, False, "no such model")

@@ -17,4 +17,5 @@ django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 from gpuproxy.proxy.guard import SuspiciousGuard  # noqa: E402
 from gpuproxy.routing import build_application  # noqa: E402
 
-application = build_application(SuspiciousGuard(django_asgi_app))
+# django-stubs spells the ASGI callable with Mapping where ours says dict: the same protocol.
+application = build_application(SuspiciousGuard(django_asgi_app))  # type: ignore[arg-type]

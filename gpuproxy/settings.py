@@ -49,12 +49,15 @@ def env_bool(name: str, default: str = "0") -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean; use 1 or 0")
 
 
-def env_int(name: str, default: str) -> int:
+def env_int(name: str, default: str, *, minimum: int | None = None) -> int:
     value = os.environ.get(name, default)
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={value!r} must be at least {minimum}")
+    return number
 
 
 def env_float(name: str, default: str, *, minimum: float = 0.0) -> float:
@@ -234,3 +237,9 @@ GPUPROXY_MAX_BODY_BYTES = env_int("GPUPROXY_MAX_BODY_MB", "32") * 1024 * 1024
 GPUPROXY_HEADER_TIMEOUT = env_float("GPUPROXY_HEADER_TIMEOUT_SECONDS", "30", minimum=0.1)
 GPUPROXY_SHUTDOWN_GRACE = env_float("GPUPROXY_SHUTDOWN_GRACE_SECONDS", "30")
 GPUPROXY_LOCK_CHECK = env_float("GPUPROXY_LOCK_CHECK_SECONDS", "1", minimum=0.05)
+# How often the running proxy checks the definitions' fingerprint (saves it was not told of).
+GPUPROXY_RELOAD_SECONDS = env_float("GPUPROXY_RELOAD_SECONDS", "2", minimum=0.01)
+# A streaming request that waits gets an SSE comment this often, so idle timeouts do not cut it.
+GPUPROXY_STREAM_KEEPALIVE = env_float("GPUPROXY_STREAM_KEEPALIVE_SECONDS", "15", minimum=0.01)
+# Activity rows held in memory while the database is away; over it, the oldest are dropped.
+GPUPROXY_ACTIVITY_BUFFER = env_int("GPUPROXY_ACTIVITY_BUFFER", "100000", minimum=1)

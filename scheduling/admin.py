@@ -87,7 +87,8 @@ def describe_live(obj: ModelDefinition, live: LiveView, *,
 def _request_live(request: HttpRequest) -> LiveView:
     live = getattr(request, "_gpuproxy_live", None)
     if live is None:
-        live = request._gpuproxy_live = LiveView.read()
+        live = LiveView.read()
+        setattr(request, "_gpuproxy_live", live)  # noqa: B010 (a cache on the request)
     return live
 
 
@@ -101,8 +102,8 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
     """The admin page has already answered by the time a slow load fails: the log keeps it."""
 
     def done(future: concurrent.futures.Future) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            logger.error("admin: %s failed: %s", what, _failure(future.exception()))
+        if not future.cancelled() and (exc := future.exception()) is not None:
+            logger.error("admin: %s failed: %s", what, _failure(exc))
 
     return done
 
@@ -151,7 +152,7 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
         # one read of the proxy for the whole page, not one per row
-        request._gpuproxy_live = LiveView.read()
+        setattr(request, "_gpuproxy_live", LiveView.read())  # noqa: B010
         return super().changelist_view(request, extra_context)
 
     @admin.display(description="slots")
@@ -197,9 +198,9 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
             if not future.done():
                 future.add_done_callback(_log_late_failure(f"loading {model_id}"))
                 started.append(model_id)
-            elif future.exception() is not None:
+            elif (error := future.exception()) is not None:
                 messages.error(request, f"Model {model_id} could not be loaded: "
-                                        f"{_failure(future.exception())}")
+                                        f"{_failure(error)}")
             else:
                 messages.success(request, f"Model {model_id} is ready.")
         if started:

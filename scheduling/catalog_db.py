@@ -8,20 +8,15 @@ from django.db.models import Count, Max
 from scheduling.catalog import Catalog, CatalogModel
 from scheduling.core.swapper import Group
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.ports import allocate_ports
 
 
 def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
-    """Ports for `${PORT}` left in commands (models added in admin), in sorted id order."""
-    taken = {d.port for d in defs if d.port}
-    ports: dict[str, int] = {}
-    candidate = start
-    for d in sorted(defs, key=lambda d: d.model_id):
-        if d.port is None and ("${PORT}" in d.cmd or "${PORT}" in d.proxy):
-            while candidate in taken:
-                candidate += 1
-            ports[d.model_id] = candidate
-            taken.add(candidate)
-    return ports
+    """Ports for `${PORT}` left in commands (models added in admin), by scheduling/ports.py's
+    rule, past the ports other models already have; no upper bound is applied here."""
+    wanting = [d.model_id for d in defs
+               if d.port is None and ("${PORT}" in d.cmd or "${PORT}" in d.proxy)]
+    return allocate_ports(wanting, start, taken={d.port for d in defs if d.port})
 
 
 def fingerprint() -> tuple:

@@ -30,7 +30,7 @@ class ProxyNotRunning(RuntimeError):
 class ModelLive:
     """What the running proxy says about one model right now."""
 
-    state: str  # one of gpuproxy.upstream.processes.State's values
+    state: str  # one of gpuproxy.upstream.states.State's values (the shell fills it in)
     restart_needed: bool  # its definition changed; it restarts when idle
     in_flight: int
     # The last start failure in full (command, output tail, remedy), until a start succeeds:

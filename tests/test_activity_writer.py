@@ -235,8 +235,8 @@ async def test_close_flushes_the_tail(make_writer):
     assert await db(RequestLog.objects.count) == 7
 
 
-def test_writer_accessor_is_process_wide(monkeypatch):
-    monkeypatch.setenv("GPUPROXY_ACTIVITY_BUFFER", "1234")
+def test_writer_accessor_is_process_wide(monkeypatch, settings):
+    settings.GPUPROXY_ACTIVITY_BUFFER = 1234
     monkeypatch.setattr("activity.writer._writer", None)
     assert writer() is writer()
     assert writer().max_buffer == 1234

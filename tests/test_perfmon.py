@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuproxy.observe.perfmon import (
+from gpuproxy.observe.perf import (
     NVIDIA_SMI_ARGS,
     ROCM_SMI_ARGS,
     GpuSample,
@@ -209,7 +209,7 @@ def perf_log() -> Iterator[_Records]:
     """The monitor's log records. Not caplog: settings.LOGGING stops `gpuproxy.*` from
     propagating to the root logger, where caplog listens."""
     handler = _Records()
-    logger = logging.getLogger("gpuproxy.observe.perfmon")
+    logger = logging.getLogger("gpuproxy.observe.perf")
     old_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
@@ -408,7 +408,7 @@ async def test_the_background_task_samples_on_its_own_and_stops(tmp_path, monkey
 
 def test_importing_the_module_registers_no_collector():
     """The wiring registers PerfCollector; an import that did would duplicate its series."""
-    code = ("import gpuproxy.observe.perfmon\n"
+    code = ("import gpuproxy.observe.perf\n"
             "from prometheus_client import REGISTRY, generate_latest\n"
             "assert b'gpuproxy_' not in generate_latest(REGISTRY)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

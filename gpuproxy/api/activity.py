@@ -158,7 +158,7 @@ async def activity_list(request: HttpRequest) -> HttpResponse:
 
     def fetch() -> list[dict[str, Any]]:
         qs = RequestLog.objects.filter(**filters).order_by("-received_at", "-id")
-        return list(qs.values()[:limit])
+        return [dict(row) for row in qs.values()[:limit]]
 
     try:
         rows = await runtime.run_db(fetch)

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from gpuproxy.proxy.auth import KEY_REQUIRED, WWW_AUTHENTICATE, admin_required, caller
-from gpuproxy.proxy.auth import presented_key as _presented
+from gpuproxy.proxy.auth import Caller, KeyRefusal, authorize
 from gpuproxy.proxy.errors import error_body
 from gpuproxy.shell import runtime
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
+
+
+class ApiRequest(HttpRequest):
+    """What an `api_view` hands its view: Django's request, with who called."""
+
+    caller: Caller | None
 
 
 def json_error(status: int, message: str, type_: str = "invalid_request_error",
@@ -25,11 +32,6 @@ def json_error(status: int, message: str, type_: str = "invalid_request_error",
     for key, value in (headers or {}).items():
         response[key] = value
     return response
-
-
-def presented_key(request: HttpRequest) -> str | None:
-    return _presented(request.headers.get("Authorization", ""),
-                      request.headers.get("X-Api-Key", ""))
 
 
 def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View], View]:
@@ -50,25 +52,24 @@ def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View]
 
     def wrap(view: View) -> View:
         @functools.wraps(view)
-        async def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 return json_error(405, f"{request.method} is not allowed on {request.path}; "
                                        f"use {' or '.join(methods)}",
                                   code="method_not_allowed",
                                   headers={"Allow": ", ".join(methods)})
             catalog = (await runtime.get()).catalog
-            request.caller = None
+            api_request = cast(ApiRequest, request)
+            api_request.caller = None
             if catalog.api_keys:
-                who = caller(presented_key(request), catalog.api_keys, catalog.admin_keys)
-                if who is None:
-                    return json_error(401, KEY_REQUIRED, type_="authentication_error",
-                                      code="invalid_api_key",
-                                      headers={"WWW-Authenticate": WWW_AUTHENTICATE})
-                if admin and not who.admin:
-                    return json_error(403, admin_required(request.path),
-                                      type_="permission_error", code="admin_key_required")
-                request.caller = who
-            return await view(request, *args, **kwargs)
+                who = authorize(request.headers.get("Authorization", ""),
+                                request.headers.get("X-Api-Key", ""), catalog.api_keys,
+                                catalog.admin_keys, admin=admin, path=request.path)
+                if isinstance(who, KeyRefusal):
+                    return json_error(who.status, who.message, type_=who.type, code=who.code,
+                                      headers=who.headers)
+                api_request.caller = who
+            return await view(api_request, *args, **kwargs)
 
         exempt = csrf_exempt(wrapped)
         exempt.requires_api_key = True  # type: ignore[attr-defined]

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from gpuproxy.api.decorators import api_view, json_error
+from gpuproxy.api.decorators import ApiRequest, api_view, json_error
 from gpuproxy.proxy.guard import client_reason
 from gpuproxy.shell import runtime
 from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.logbuffer import registry as log_registry
+from gpuproxy.upstream.states import State
+from scheduling.core.effects import Scheduler
 from scheduling.core.errors import ModelNotFound, SchedulingError
+from scheduling.core.priority import band
 
 
 @csrf_exempt  # any method answers: a POST without a CSRF token must not get Django's 403 page
@@ -32,11 +37,11 @@ async def health(request: HttpRequest) -> HttpResponse:
 
 
 @api_view(("GET",), admin=False)
-async def running(request: HttpRequest) -> HttpResponse:
+async def running(request: ApiRequest) -> HttpResponse:
     """llama-swap's `/running`. A model's `cmd` can carry secrets (an `--api-key`, a token in
     a URL): admin keys see it, other keys do not (with no keys at all, everyone may, as in
     llama-swap; the Host and Origin rules keep other web pages out)."""
-    records = (await runtime.get()).upstreams.running()
+    records = (await runtime.port()).running()
     who = request.caller
     if who is not None and not who.admin:
         records = [{k: v for k, v in r.items() if k != "cmd"} for r in records]
@@ -55,47 +60,50 @@ async def load_model(request: HttpRequest, model: str) -> HttpResponse:
     It is an ordinary request that is released as soon as it is granted, so it queues, joins
     swaps and respects in-flight work exactly like an inference request would.
     """
-    rt = await runtime.get()
+    rt = await runtime.port()
     model_id = rt.catalog.resolve(model) or model
     try:
-        loaded = await rt.run_loop.load(model_id)
+        loaded = await rt.load(model_id)
     except SchedulingError as exc:
         return scheduling_error(exc)
-    return JsonResponse({"msg": "ok", "model": loaded, "state": "ready"})
+    return JsonResponse({"msg": "ok", "model": loaded, "state": State.READY.value})
 
 
 @api_view(("POST",))
 async def unload_model(request: HttpRequest, model: str) -> HttpResponse:
-    rt = await runtime.get()
+    rt = await runtime.port()
     model_id = rt.catalog.resolve(model)
     if model_id is None:
         return scheduling_error(ModelNotFound(model))
-    await rt.run_loop.unload([model_id])
+    await rt.unload([model_id])
     return JsonResponse({"msg": "ok", "model": model_id})
 
 
-@api_view(("GET",))
-async def queue(request: HttpRequest) -> HttpResponse:
-    """Who waits for what, in dispatch order: an advisory read on the run loop's own thread."""
-    from scheduling.core.priority import band
-
-    rt = await runtime.get()
-    sched = rt.run_loop.scheduler
-    now = rt.run_loop.now()
+def _queue(sched: Scheduler, now: float) -> dict[str, Any]:
+    """Who waits for what, in dispatch order; read by the run loop between two events."""
     waiting = [
         {"position": i, "model": r.model, "priority": r.priority, "band": band(r.priority),
          "waited_s": round(now - r.arrived, 3), "seq": r.seq}
         for i, r in enumerate(sched.queued(), 1)
     ]
     swaps = {m: len(w) for m, w in sched.active_swaps().items()}
-    in_flight = {m: n for m in rt.catalog.models if (n := sched.in_flight(m))}
-    return JsonResponse({"scheduler": sched.config.scheduler, "queued": waiting,
-                         "loading": swaps, "in_flight": in_flight})
+    in_flight = {m: n for m in sched.config.models if (n := sched.in_flight(m))}
+    return {"scheduler": sched.config.scheduler, "queued": waiting, "loading": swaps,
+            "in_flight": in_flight}
+
+
+@api_view(("GET",))
+async def queue(request: HttpRequest) -> HttpResponse:
+    """The scheduler's queue, as its owner (the run loop) reads it."""
+    rt = await runtime.port()
+    try:
+        return JsonResponse(await rt.inspect(_queue))
+    except SchedulingError as exc:  # shutting down
+        return scheduling_error(exc)
 
 
 async def _unload_everything() -> None:
-    rt = await runtime.get()
-    await rt.run_loop.unload(rt.upstreams.running_ids())
+    await (await runtime.port()).unload_all()
 
 
 @api_view(("POST",))
@@ -137,7 +145,7 @@ async def logs(request: HttpRequest) -> HttpResponse:
 
 
 @api_view(("GET",))
-async def logs_stream(request: HttpRequest, which: str = "") -> HttpResponse:
+async def logs_stream(request: HttpRequest, which: str = "") -> HttpResponseBase:
     """History (unless `?no-history`), then live lines until the client leaves."""
     sources = _sources(which)
     if sources is None:

@@ -8,7 +8,7 @@ Three ways figures get here, chosen by who owns them:
   computed at scrape time from the published arrival, so it stays exact between events.
 - Facts that happen once (a request finished, a swap, a dispatch's wait) are counted where they
   happen, with ordinary prometheus_client counters and histograms (thread-safe).
-- The activity writer's counters and the performance monitor's sample (gpuproxy/observe/perfmon.py,
+- The activity writer's counters and the performance monitor's sample (gpuproxy/observe/perf/,
   taken in the background, never at scrape time) are read as they are: plain integers and an
   immutable sample swapped in whole.
 
@@ -33,11 +33,13 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuproxy.observe.history import HISTORY
-from gpuproxy.observe.perfmon import PerfCollector, PerfMonitor
+from gpuproxy.observe.perf import PerfCollector, PerfMonitor
+from gpuproxy.upstream.states import State
 from scheduling.core.priority import BANDS
 from scheduling.core.stats import SchedulerStats
 
-MODEL_STATES = ("stopped", "starting", "ready", "stopping", "failed")
+# The `state` label's values: the process states, as gpuproxy.upstream spells them.
+MODEL_STATES = tuple(state.value for state in State)
 
 # Seconds. Waits span a few milliseconds (a free slot) to an hour (batch behind a busy box).
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
@@ -181,7 +183,7 @@ class SchedulerCollector:
             labels=["model", "state"])
         states = _published.model_states
         for model in _published.models:
-            current = states.get(model, "stopped")
+            current = states.get(model, State.STOPPED)
             for s in MODEL_STATES:
                 state.add_metric([model, s], 1 if s == current else 0)
         yield state
@@ -297,10 +299,10 @@ def model_state_changed(model: str, state: str) -> None:
     through stopping is an exit nobody asked for (every requested stop goes through
     stopping)."""
     states = _published.model_states
-    previous = states.get(model, "stopped")
-    if state == "failed" and previous != "failed":
+    previous = states.get(model, State.STOPPED)
+    if state == State.FAILED and previous != State.FAILED:
         START_FAILURES.labels(model).inc()
-    elif state == "stopped" and previous == "ready":
+    elif state == State.STOPPED and previous == State.READY:
         EXITS.labels(model).inc()
     states[model] = state
     _changed()

@@ -12,7 +12,7 @@ import binascii
 import hashlib
 import hmac
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuproxy.upstream import relay
 
@@ -35,6 +35,35 @@ class Caller:
 
     name: str
     admin: bool
+    key: str = field(default="", repr=False, compare=False)  # what was presented (never shown)
+
+
+@dataclass(frozen=True)
+class KeyRefusal:
+    """Why a request is refused for its key: 401 without a valid one, 403 when the path is for
+    admin keys. The edge, the API views and the proxy consumer each render it their way."""
+
+    status: int
+    code: str
+    message: str
+    type: str
+    headers: dict[str, str] = field(default_factory=dict)
+    caller: Caller | None = None  # a 403's: the key is valid, only not an admin's
+
+
+def authorize(authorization: str, x_api_key: str, api_keys: Mapping[str, str],
+              admin_keys: Collection[str], *, admin: bool, path: str) -> Caller | KeyRefusal:
+    """The one key check (keys are defined): who calls, or why they may not. `admin`: the
+    path is for admin keys."""
+    key = presented_key(authorization, x_api_key)
+    who = caller(key, api_keys, admin_keys)
+    if who is None or key is None:
+        return KeyRefusal(401, "invalid_api_key", KEY_REQUIRED, "authentication_error",
+                          {"WWW-Authenticate": WWW_AUTHENTICATE})
+    if admin and not who.admin:
+        return KeyRefusal(403, "admin_key_required", admin_required(path), "permission_error",
+                          caller=who)
+    return Caller(who.name, who.admin, key)
 
 
 def presented_key(authorization: str, x_api_key: str) -> str | None:

@@ -172,13 +172,7 @@ def _keys() -> tuple[dict[str, str], frozenset[str] | None]:
 
 def _key_refusal(request: Any, path: str, keys: dict[str, str],
                  admin_keys: frozenset[str] | None) -> Refusal | None:
-    from gpuproxy.proxy.auth import (
-        KEY_REQUIRED,
-        WWW_AUTHENTICATE,
-        admin_required,
-        caller,
-        presented_key,
-    )
+    from gpuproxy.proxy.auth import KeyRefusal, authorize
 
     if not keys:
         return None  # no keys: the application decides
@@ -188,14 +182,12 @@ def _key_refusal(request: Any, path: str, keys: dict[str, str],
     headers = request.requestHeaders
     authorization = (headers.getRawHeaders(b"authorization") or [b""])[0]
     x_api_key = (headers.getRawHeaders(b"x-api-key") or [b""])[0]
-    key = presented_key(authorization.decode("latin-1"), x_api_key.decode("latin-1"))
-    who = caller(key, keys, admin_keys or ())
-    if who is None:
-        return Refusal(401, "invalid_api_key", KEY_REQUIRED, "authentication_error",
-                       {"WWW-Authenticate": WWW_AUTHENTICATE}, outcome=outcomes.UNAUTHORIZED)
-    if need == ADMIN and admin_keys is not None and not who.admin:
-        return Refusal(403, "admin_key_required", admin_required(path), "permission_error",
-                       outcome=outcomes.UNAUTHORIZED)
+    verdict = authorize(authorization.decode("latin-1"), x_api_key.decode("latin-1"), keys,
+                        admin_keys or (), admin=need == ADMIN and admin_keys is not None,
+                        path=path)
+    if isinstance(verdict, KeyRefusal):
+        return Refusal(verdict.status, verdict.code, verdict.message, verdict.type,
+                       verdict.headers, outcome=outcomes.UNAUTHORIZED)
     return None
 
 
@@ -366,7 +358,7 @@ class EdgeChannel(http.HTTPChannel):
         self._seen_request_line = False
         super().requestDone(request)
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Any = None) -> None:
         self._cancel_head_timer()
         if self._linger_timer is not None and self._linger_timer.active():
             self._linger_timer.cancel()
@@ -388,17 +380,18 @@ class EdgeChannel(http.HTTPChannel):
                  b"Content-Type: application/json", b"Content-Length: %d" % len(body),
                  b"Connection: close", b"Server: gpuproxy", b"X-Content-Type-Options: nosniff"]
         lines += [f"{k}: {v}".encode("latin-1") for k, v in refusal.headers.items()]
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        transport: Any = self.transport  # Twisted's stubs: ITransport, whose methods lack self
+        transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
         self.clearLineBuffer()
         self.setTimeout(None)  # the idle timeout: the linger below bounds this connection now
         self._linger_until = time.monotonic() + LINGER_MAX
         self._linger_timer = self.callLater(LINGER_IDLE, self._end_linger)
         self._networkProducer.resumeProducing()  # read (and drop) what the client still sends
-        lose_write = getattr(self.transport, "loseWriteConnection", None)
+        lose_write = getattr(transport, "loseWriteConnection", None)
         if lose_write is not None:
             lose_write()
         else:
-            self.transport.loseConnection()
+            transport.loseConnection()
 
     def _lingering(self) -> None:
         timer = self._linger_timer
@@ -427,7 +420,8 @@ class EdgeChannel(http.HTTPChannel):
         from activity.writer import writer
         from gpuproxy.observe import metrics
 
-        peer = self.transport.getPeer() if self.transport is not None else None
+        transport: Any = self.transport  # (see refuse: Twisted's interface stubs)
+        peer = transport.getPeer() if transport is not None else None
         user_agent = (req.requestHeaders.getRawHeaders(b"user-agent") or [b""])[0]
         rec = RequestRecord(self._command.decode("latin-1"), path,
                             getattr(peer, "host", "") or "", user_agent.decode("latin-1"))

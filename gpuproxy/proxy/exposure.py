@@ -267,7 +267,8 @@ def decide(req: Request, keys_exist: bool) -> Verdict:
                             or not open_to_all))
     else:
         allowed = open_to_all or (origin is not None and (
-            origin == own or origin in listed or (klass == INFERENCE and is_local_origin(origin))))
+            origin == own or (listed is not None and origin in listed)
+            or (klass == INFERENCE and is_local_origin(origin))))
     if not allowed:
         return _refusal(req, klass, own, keys_exist)
     if klass == OTHER:

@@ -188,7 +188,7 @@ def apply_filters(parsed: Parsed, *, requested: str, use_model_name: str,
         if not (use_model_name or strip_params or set_params or by_id or add_priority):
             return parsed.body
         data = dict(parsed.json_body)
-        if add_priority:
+        if add_priority and vllm_priority is not None:
             data["priority"] = -vllm_priority
         for key in strip_params:
             if key != "model":

@@ -9,34 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from gpuproxy.observe import metrics
+from gpuproxy.shell.port import ProxyPort
+from gpuproxy.upstream.states import State
 from scheduling.live import ModelLive
-
-if TYPE_CHECKING:
-    from gpuproxy.shell.runtime import Runtime
 
 T = TypeVar("T")
 
 
 class Control:
-    def __init__(self, runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
-        self._rt = runtime
+    def __init__(self, proxy: ProxyPort, request_reload: Callable[[], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._rt = proxy
+        self._request_reload = request_reload
         self._loop = loop
 
     def live_models(self) -> dict[str, ModelLive]:
-        upstreams = self._rt.upstreams
         snap = metrics.scheduler_snapshot()
         states = metrics.model_states()
 
         def last_error(model: str) -> str:
-            proc = upstreams.existing(model)
+            proc = self._rt.upstream(model)
             error = proc.last_error if proc is not None else None  # an immutable exception
             return str(error) if error is not None else ""
 
-        return {m: ModelLive(states.get(m, "stopped"), m in snap.restart_pending,
+        return {m: ModelLive(states.get(m, State.STOPPED.value), m in snap.restart_pending,
                              snap.in_flight.get(m, 0), last_error(m))
                 for m in metrics.configured_models()}
 
@@ -44,17 +44,17 @@ class Control:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def load(self, model: str) -> concurrent.futures.Future[str]:
-        return self._submit(self._rt.run_loop.load(model))
+        return self._submit(self._rt.load(model))
 
     def unload(self, models: list[str]) -> concurrent.futures.Future[None]:
-        return self._submit(self._rt.run_loop.unload(models))
+        return self._submit(self._rt.unload(models))
 
     def restart(self, models: list[str]) -> concurrent.futures.Future[None]:
         async def go() -> None:
-            self._rt.run_loop.restart(models)
+            self._rt.restart(models)
 
         return self._submit(go())
 
     def reload(self) -> None:
         if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._rt.request_reload)
+            self._loop.call_soon_threadsafe(self._request_reload)

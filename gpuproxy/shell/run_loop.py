@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from gpuproxy.observe import metrics
 from gpuproxy.shell.upstreams import Upstreams
@@ -33,12 +34,12 @@ from scheduling.core.events import (
     SettingsChanged,
     Shutdown,
     SwapDone,
-    Tick,
     UnloadDone,
     UnloadRequested,
 )
 
 logger = logging.getLogger("gpuproxy.shell.run_loop")
+T = TypeVar("T")
 
 SchedulerFactory = Callable[[SchedulerConfig, "RunLoop", Scheduler | None], Scheduler]
 
@@ -63,6 +64,23 @@ class Waiting:
     waits: asyncio.Event = field(default_factory=asyncio.Event)
     model: str = ""
     swap_wait: float | None = None  # seconds this request waited for a model load
+
+
+@dataclass(eq=False)
+class _Inspect(Generic[T]):
+    """A read of the scheduler posted to the run loop (`RunLoop.inspect`): not an event,
+    the scheduler never sees it, and nothing is published after it."""
+
+    read: Callable[[Scheduler, float], T]
+    answer: asyncio.Future[T]
+
+    def run(self, loop: RunLoop) -> None:
+        if self.answer.done():  # the asker left
+            return
+        try:
+            self.answer.set_result(self.read(loop.scheduler, loop.now()))
+        except Exception as exc:
+            self.answer.set_exception(exc)
 
 
 class Grant:
@@ -91,7 +109,7 @@ class RunLoop:
                  make_scheduler: SchedulerFactory) -> None:
         self.upstreams = upstreams
         upstreams.on_exit = self._process_exited
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: asyncio.Queue[Event | _Inspect[Any]] = asyncio.Queue()
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -118,6 +136,9 @@ class RunLoop:
     async def run(self) -> None:
         while True:
             event = await self._events.get()
+            if isinstance(event, _Inspect):
+                event.run(self)
+                continue
             try:
                 self._dispatch(event)
             except Exception:
@@ -162,8 +183,6 @@ class RunLoop:
                                 event.config.scheduler)
                     s = self.scheduler = self._make_scheduler(event.config, self, s)
                 s.on_settings_changed(event)
-            case Tick():
-                s.on_tick(event)
             case Shutdown():
                 s.on_shutdown(event)
 
@@ -188,6 +207,9 @@ class RunLoop:
         if self._task is not None and not self._task.done():
             self.post(Shutdown(self.now()))
             await self._task
+        while not self._events.empty():  # reads posted just before the end: answer them
+            if isinstance(left := self._events.get_nowait(), _Inspect) and not left.answer.done():
+                left.answer.set_exception(ShuttingDown())
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -249,6 +271,25 @@ class RunLoop:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.post(UnloadRequested(tuple(models), self.now(), done))
         await done
+
+    async def unload_all(self) -> None:
+        """Stop every model that is loaded or loading when the scheduler handles this: the
+        list is the scheduler's at that moment, not one read earlier (a model loading since
+        would be missed; one stopped since would be stopped twice)."""
+        if self._closed:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.post(UnloadRequested((), self.now(), done, everything=True))
+        await done
+
+    async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
+        """Run `read(scheduler, now)` on this loop's task between two events, and return
+        what it returns: the only way code off the loop reads the books as they are."""
+        if self._closed:
+            raise ShuttingDown()
+        query = _Inspect(read, asyncio.get_running_loop().create_future())
+        self._events.put_nowait(query)
+        return await query.answer
 
     def _process_exited(self, model: str) -> None:
         """A model's process exited (Upstreams.on_exit): the scheduler hears it as an event,

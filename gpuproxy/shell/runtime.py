@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -27,15 +26,18 @@ from django.db import OperationalError, close_old_connections
 
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import metrics
-from gpuproxy.observe.perfmon import PerfMonitor
+from gpuproxy.observe.perf import PerfMonitor
 from gpuproxy.shell import instance
 from gpuproxy.shell.control import Control
-from gpuproxy.shell.run_loop import RunLoop
+from gpuproxy.shell.port import ProxyPort
+from gpuproxy.shell.run_loop import Grant, RunLoop, Waiting
 from gpuproxy.shell.upstreams import Upstreams
 from gpuproxy.upstream import relay
 from gpuproxy.upstream.orphans import ProcessRecords
+from gpuproxy.upstream.processes import UpstreamProcess
 from scheduling import live
 from scheduling.catalog import Catalog
+from scheduling.core.effects import Scheduler
 from scheduling.core.policies import make_scheduler
 
 T = TypeVar("T")
@@ -101,9 +103,6 @@ def upstream_records() -> ProcessRecords:
     return ProcessRecords(settings.DATA_DIR / "upstreams")
 
 
-RELOAD_SECONDS = float(os.environ.get("GPUPROXY_RELOAD_SECONDS", "2"))
-
-
 class Runtime:
     def __init__(self, upstreams: Upstreams, run_loop: RunLoop, perf: PerfMonitor) -> None:
         self.upstreams = upstreams
@@ -119,11 +118,15 @@ class Runtime:
         by PostgreSQL). Many calls in a row fold into one reload."""
         self._reload_wanted.set()
 
-    def start_watcher(self, every: float = RELOAD_SECONDS) -> None:
+    def start_watcher(self, every: float | None = None) -> None:
         """Apply definition changes without a restart: at once when told (`request_reload`,
         fed by scheduling/signals.py and, on PostgreSQL, by LISTEN), and by a periodic check
         of the tables' fingerprint for anything else (SQLite written by another process, a
         notification lost while the database was away)."""
+        if every is None:
+            from django.conf import settings
+
+            every = float(settings.GPUPROXY_RELOAD_SECONDS)
         if self._watcher is None:
             loop = asyncio.get_running_loop()
             self._watcher = loop.create_task(self._watch(every), name="catalog-watcher")
@@ -199,9 +202,44 @@ class Runtime:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
 
+    # ---- ProxyPort (gpuproxy/shell/port.py): what the edge may ask -------------------------
+
     @property
     def catalog(self) -> Catalog:
         return self.upstreams.catalog
+
+    async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
+                      watch: Callable[[Waiting], None] | None = None) -> Grant:
+        return await self.run_loop.acquire(model, priority, deadline, watch=watch)
+
+    async def load(self, model: str) -> str:
+        return await self.run_loop.load(model)
+
+    async def unload(self, models: Iterable[str]) -> None:
+        await self.run_loop.unload(models)
+
+    async def unload_all(self) -> None:
+        await self.run_loop.unload_all()
+
+    def restart(self, models: Iterable[str]) -> None:
+        self.run_loop.restart(models)
+
+    def snapshot(self) -> metrics.SchedulerSnapshot:
+        return metrics.scheduler_snapshot()
+
+    async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
+        return await self.run_loop.inspect(read)
+
+    def upstream(self, model: str) -> UpstreamProcess | None:
+        return self.upstreams.existing(model)
+
+    def upstream_process(self, model: str) -> UpstreamProcess:
+        return self.upstreams.process(model)
+
+    def running(self) -> list[dict[str, Any]]:
+        return self.upstreams.running()
+
+    # ---- the rest is the shell's own ------------------------------------------------------
 
     async def reload(self) -> None:
         """Re-read the definitions and hand the scheduler its new configuration."""
@@ -264,7 +302,7 @@ async def get() -> Runtime:
         perf.start()
         metrics.publish_perf_monitor(perf)
         _runtime = Runtime(upstreams, run_loop, perf)
-        _runtime.control = Control(_runtime, loop)
+        _runtime.control = Control(_runtime, _runtime.request_reload, loop)
         live.attach(_runtime.control)
     except BaseException as exc:
         _starting.set_exception(exc)
@@ -273,6 +311,11 @@ async def get() -> Runtime:
         raise
     _starting.set_result(_runtime)
     return _runtime
+
+
+async def port() -> ProxyPort:
+    """The running proxy as the edge sees it: `get()`, held to the ProxyPort protocol."""
+    return await get()
 
 
 def current() -> Runtime | None:

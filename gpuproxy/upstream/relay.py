@@ -336,8 +336,13 @@ async def exited(pid: int | None, within: float = 0.0) -> bool:
         if within <= 0:
             return False
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+        done: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, readable)
         try:
             await asyncio.wait_for(done, within)
         except TimeoutError:

@@ -89,11 +89,18 @@ class ServeDone:
 
 @dataclass(frozen=True)
 class UnloadRequested:
-    """An explicit unload (API, admin); `handle` is answered by the shell once stopped."""
+    """An explicit unload (API, admin); `handle` is answered by the shell once stopped.
+
+    `everything=True` also stops every model loaded or loading when the scheduler handles
+    the event (a running process, or the target of a swap in progress), resolved there and
+    not by the sender, so no earlier read decides it: `UnloadRequested((), now, handle,
+    everything=True)` is "unload all". The UnloadDone that follows names the resolved list.
+    """
 
     models: tuple[str, ...]
     now: float
     handle: Any = field(default=None, repr=False)
+    everything: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,16 +126,9 @@ class SettingsChanged:
 
 
 @dataclass(frozen=True)
-class Tick:
-    """Time passed with nothing else happening (lets aging re-rank a queue)."""
-
-    now: float
-
-
-@dataclass(frozen=True)
 class Shutdown:
     now: float
 
 
 Event = (RequestArrived | Cancelled | SwapDone | ServeDone | UnloadRequested | UnloadDone
-         | RestartRequested | SettingsChanged | Tick | Shutdown | ModelExited)
+         | RestartRequested | SettingsChanged | Shutdown | ModelExited)

@@ -14,48 +14,29 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import READY, Effects
-from scheduling.core.errors import (
-    ModelNotFound,
-    ShuttingDown,
-    SwapFailed,
-)
+from scheduling.core.errors import ModelNotFound
 from scheduling.core.events import (
-    Cancelled,
     Dispatch,
-    ModelExited,
     Request,
     RequestArrived,
-    RestartRequested,
-    ServeDone,
     SettingsChanged,
-    Shutdown,
-    SwapDone,
-    Tick,
-    UnloadDone,
-    UnloadRequested,
 )
-from scheduling.core.handover import SchedulerState
-from scheduling.core.ledger import Ledger
+from scheduling.core.ledger import Ledger, Swap
 from scheduling.core.priority import band
 
 logger = logging.getLogger("scheduling.fifo")
 
 
-@dataclass
-class _Swap:
-    """A swap started with `Effects.start_swap` and not yet reported by `SwapDone`."""
-
-    target: str
-    evict: list[str]
-    waiters: list[Request] = field(default_factory=list)
-
-
 class Fifo(Ledger):
     """The `Scheduler` protocol with llama-swap's FIFO semantics, plus per-request priority.
+
+    The handlers fifo shares with serial (cancel, swap done, model exited, serve done,
+    unload, unload done, restart, shutdown) and the handover are `Ledger`'s; fifo has its
+    own `on_request` and `on_settings_changed`, and the hooks below them.
 
     Books, written only by the `on_*` handlers (all on the run loop's task, so no locks):
       - `_queue`: requests waiting for a chance, always sorted by `_rank` (effective priority
@@ -70,9 +51,8 @@ class Fifo(Ledger):
     """
 
     def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
-        self._init_books(config, fx)
+        super().__init__(config, fx)
         self._queue: list[Request] = []
-        self._exited: set[str] = set()
 
     # ---- read-only introspection (metrics, tests) -----------------------------------------
 
@@ -88,27 +68,6 @@ class Fifo(Ledger):
         """The request the next drain considers first (the queue head), or None. No side
         effects; `now` is unused (fifo has no aging) and kept for parity with Serial.pick."""
         return self._queue[0] if self._queue else None
-
-    # ---- policy switch (scheduling/core/handover.py) --------------------------------------
-
-    def export_state(self) -> SchedulerState:
-        """Move every book into a SchedulerState and leave this scheduler empty and shut down
-        (a late request gets ShuttingDown; a late ServeDone raises): hand it to
-        `Serial.from_state` (or `Fifo.from_state`) and stop sending events here."""
-        state = self._export_books(list(self._queue))
-        self._queue = []
-        return state
-
-    @classmethod
-    def from_state(cls, state: SchedulerState, config: SchedulerConfig, fx: Effects) -> Fifo:
-        """A Fifo holding `state`'s requests, swaps, in-flight counts, slots and unloads, with
-        `on_settings_changed` applied for `config`: requests for models it does not define get
-        ModelNotFound, the queue is sorted by fifo's rank, then drained."""
-        s = cls(config, fx)
-        s._restore_books(state, _Swap)
-        s._queue = list(state.queued)
-        s.on_settings_changed(SettingsChanged(config, state.now))
-        return s
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -143,105 +102,6 @@ class Fifo(Ledger):
             bisect.insort(self._queue, req, key=self._rank)
             self._report_positions()
 
-    def on_cancel(self, ev: Cancelled) -> None:
-        """The client left while queued or waiting on a swap: forget it, free its slot.
-
-        The swap it waited on keeps going even if it was the only waiter (parity): stopping
-        half-loaded models is worse than finishing. A Cancelled for a request already granted
-        (the shell then sends ServeDone), already answered or never seen is ignored.
-        """
-        self._now = ev.now
-        req = ev.req
-        if req in self._queue:
-            self._queue.remove(req)
-            self._release(req)
-            self._report_positions()
-            self._drain()
-            return
-        for swap in self._active.values():
-            if req in swap.waiters:
-                swap.waiters.remove(req)
-                self._release(req)
-                self._drain()
-                return
-
-    def on_swap_done(self, ev: SwapDone) -> None:
-        """Answer the swap's waiters, forget the swap, drain.
-
-        Success grants every waiter, unless an unload of the model is pending (the swap won
-        the race against the stop): then they go back to the queue and get a fresh swap once
-        the unload is done. Failure answers each waiter SwapFailed (502, or 504 when it timed
-        out) — this is also how waiters learn that an unload aborted their swap.
-        A SwapDone with no active swap (stale, or after shutdown) is ignored.
-        """
-        self._now = ev.now
-        swap = self._active.pop(ev.model, None)
-        if swap is None:
-            return
-        if ev.error is not None:
-            for w in swap.waiters:
-                self._fail(w, SwapFailed(ev.model, ev.error, ev.timed_out))
-        elif self._held(ev.model):
-            self._exited.discard(ev.model)
-            for w in swap.waiters:
-                bisect.insort(self._queue, w, key=self._rank)
-            self._report_positions()
-        else:
-            self._exited.discard(ev.model)
-            for w in swap.waiters:
-                self._grant(w, ev.model)
-        self._drain()
-
-    def on_model_exited(self, ev: ModelExited) -> None:
-        """The model's process exited: it is not loaded until a load of it succeeds, so the
-        next request for it starts one (instead of a grant to a process that is gone); drain,
-        so queued requests start it too. Requests in flight on it end on their own."""
-        self._now = ev.now
-        self._exited.add(ev.model)
-        self._drain()
-
-    def on_serve_done(self, ev: ServeDone) -> None:
-        """A granted request finished: free its in-flight count and slot, drain.
-
-        llama-swap drains only when the count reaches 0; draining every time costs one walk of
-        the queue and also picks up state changes the shell reported no event for.
-        """
-        self._now = ev.now
-        self._finish_serving(ev.req)
-        self._drain()
-
-    def on_unload(self, ev: UnloadRequested) -> None:
-        """Mark the models unloading and have the shell stop them.
-
-        Until UnloadDone, requests for them queue (no fast path, no join, no new swap) and no
-        swap that would evict them starts, so nothing races the stop. A swap already loading
-        one of them is left to the shell's stop to abort; its SwapDone(error) errors its
-        waiters. Requests in flight are not waited for: an explicit unload is the operator's
-        call (llama-swap parity); their ServeDone arrives as usual.
-        """
-        self._now = ev.now
-        for m in ev.models:
-            self._unloading[m] = self._unloading.get(m, 0) + 1
-        self._fx.stop_processes(ev.models, ev.handle)
-
-    def on_unload_done(self, ev: UnloadDone) -> None:
-        """The stop finished: lift the block and drain (a queued request now starts fresh)."""
-        self._now = ev.now
-        for m in ev.models:
-            left = self._unloading.get(m, 0) - 1
-            if left > 0:
-                self._unloading[m] = left
-            else:
-                self._unloading.pop(m, None)
-        self._drain()
-
-    def on_restart(self, ev: RestartRequested) -> None:
-        """Restart each running model once it is idle (no request in flight); until then
-        requests for it queue. The restart is a swap to the model that evicts itself."""
-        self._now = ev.now
-        self._request_restart(ev.models)
-        self._drain()
-
     def on_settings_changed(self, ev: SettingsChanged) -> None:
         """Adopt the new config: requests for models it no longer defines get ModelNotFound,
         the queue is re-sorted by the new priorities, then drained. A running model that is
@@ -259,32 +119,10 @@ class Fifo(Ledger):
             self._fail(req, ModelNotFound(req.model))
         for swap in self._active.values():
             if swap.target not in models:
-                waiters, swap.waiters = swap.waiters, []
-                for w in waiters:
-                    self._fail(w, ModelNotFound(w.model))
+                self._fail_waiters(swap, lambda w: ModelNotFound(w.model))
         self._queue.sort(key=self._rank)
         self._report_positions()
         self._drain()
-
-    def on_tick(self, ev: Tick) -> None:
-        """Nothing to do: fifo has no aging (serial walks its queue here)."""
-        self._now = ev.now
-
-    def on_shutdown(self, ev: Shutdown) -> None:
-        """Answer ShuttingDown to everyone queued or waiting, and to every later request.
-
-        Requests in flight are the shell's to finish; their ServeDone is still accepted.
-        """
-        self._now = ev.now
-        self._shut_down = True
-        queued, self._queue = self._queue, []
-        self._positions.clear()
-        for req in queued:
-            self._fail(req, ShuttingDown())
-        for swap in self._active.values():
-            waiters, swap.waiters = swap.waiters, []
-            for w in waiters:
-                self._fail(w, ShuttingDown())
 
     # ---- decisions ------------------------------------------------------------------------
 
@@ -312,7 +150,7 @@ class Fifo(Ledger):
         if unloading or self._busy(evict):
             return False
         # (8)
-        self._active[model] = _Swap(model, list(evict), [req])
+        self._active[model] = Swap(model, list(evict), [req])
         logger.info("swap to %r: evicting %s (first waiter seq=%d)", model,
                     ", ".join(repr(m) for m in evict) or "nothing", req.seq)
         self._fx.start_swap(model, list(evict))
@@ -332,10 +170,36 @@ class Fifo(Ledger):
         self._maintain()
         self._report_positions()
 
+    def _dequeue(self, req: Request) -> bool:
+        if req not in self._queue:
+            return False
+        self._queue.remove(req)
+        self._report_positions()
+        return True
+
+    def _take_queue(self) -> list[Request]:
+        queued, self._queue = self._queue, []
+        return queued
+
+    def _restore_queue(self, queued: Iterable[Request]) -> None:
+        self._queue = list(queued)  # sorted by the on_settings_changed that follows
+
+    def _swap_succeeded(self, swap: Swap) -> None:
+        """Grant every waiter, unless an unload or a stop-when-idle of the model is pending
+        (the swap won the race against the stop): then they go back to the queue and get a
+        fresh swap once it is done."""
+        if self._held(swap.target):
+            for w in swap.waiters:
+                bisect.insort(self._queue, w, key=self._rank)
+            self._report_positions()
+        else:
+            for w in swap.waiters:
+                self._grant(w, swap.target)
+
     def _start_restart(self, model: str) -> None:
         waiters = [r for r in self._queue if r.model == model]
         self._queue = [r for r in self._queue if r.model != model]
-        self._active[model] = _Swap(model, [model], waiters)
+        self._active[model] = Swap(model, [model], waiters)
         logger.info("restarting %r (its definition changed or a restart was asked)", model)
         self._fx.start_swap(model, [model])
         self._report_positions()

@@ -1,13 +1,16 @@
-"""Slot bookkeeping that every policy keeps the same way: admission reservations, requests
-in flight, and the grant itself. The policies (fifo.py, serial.py) differ in whom they pick,
-never in how a pick is accounted, so that part lives here once.
+"""What every policy does the same way: the books (admission reservations, requests in
+flight, swaps, unloads, pending restarts), the grant itself, and the event handlers that do
+not depend on the order a policy serves in. The policies (fifo.py, serial.py) differ in whom
+they pick, never in how a pick is accounted, so that part lives here once. A policy
+subclasses `Ledger` and supplies its queue through the hooks under "what each policy
+supplies".
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Self
 
 from scheduling.core.config import DEFAULT_CONCURRENCY_LIMIT, ModelConfig, SchedulerConfig
 from scheduling.core.effects import READY, STARTING, Effects
@@ -17,11 +20,35 @@ from scheduling.core.errors import (
     QueueFull,
     SchedulingError,
     ShuttingDown,
+    SwapFailed,
 )
-from scheduling.core.events import Request
+from scheduling.core.events import (
+    Cancelled,
+    ModelExited,
+    Request,
+    RestartRequested,
+    ServeDone,
+    SettingsChanged,
+    Shutdown,
+    SwapDone,
+    UnloadDone,
+    UnloadRequested,
+)
 from scheduling.core.handover import SchedulerState, SwapState
-from scheduling.core.priority import BANDS, band
-from scheduling.core.stats import SchedulerStats
+from scheduling.core.priority import band
+from scheduling.core.stats import SchedulerStats, WaitGauges
+
+
+@dataclass
+class Swap:
+    """A swap started with `Effects.start_swap` and not yet reported by `SwapDone`."""
+
+    target: str
+    evict: list[str]
+    waiters: list[Request] = field(default_factory=list)
+    # serial's cache of the best (key, seq) among the waiters; None: stale. fifo never reads
+    # it; whoever changes `waiters` outside serial sets it to None.
+    best: tuple[float, int] | None = None
 
 
 class InvariantViolation(AssertionError):
@@ -45,13 +72,14 @@ def limit_of(mc: ModelConfig, scheduler: str) -> int | None:
 
 
 class Ledger:
-    """Mixed into a policy, which sets these attributes in its constructor."""
+    """The base of every policy: the shared books (set up by `__init__`), the shared event
+    handlers, and the hooks each policy implements for its own queue."""
 
     _config: SchedulerConfig
     _fx: Effects
     _now: float  # the `now` of the last event
     _shut_down: bool
-    _active: dict[str, Any]  # target -> the policy's swap record (.target .evict .waiters)
+    _active: dict[str, Swap]  # target -> the swap loading it
     _unloading: dict[str, int]  # model -> explicit unloads not yet reported done
     _positions: dict[Request, int]  # last position reported to each queued request
     _holders: set[Request]  # requests holding an admission slot
@@ -59,18 +87,16 @@ class Ledger:
     _serving: dict[Request, str]  # granted request -> model, until its ServeDone
     _in_flight: dict[str, int]  # model -> granted requests not yet done
     _stats: SchedulerStats
-    # Admitted and not yet granted (queued or waiting on a swap), per band, for the queue
-    # gauges: a count, and a heap on arrival with lazy deletion (an entry is live while its
-    # request is in `_waiting`), so the oldest is O(log n) amortised instead of a scan.
+    _waits: WaitGauges  # admitted and not yet granted, per band (queue caps and gauges)
     # Models to stop once idle, never cutting off work in flight: "restart" (its definition
     # changed, or an admin asked) restarts it with a swap evicting itself; "removed" (no
     # longer defined, or disabled) just stops it. Until then nothing new is granted to it.
     _pending_stop: dict[str, str]
-    _waiting: set[Request]
-    _wait_count: dict[str, int]
-    _wait_heaps: dict[str, list[tuple[float, int, int, Request]]]
+    # Models whose process exited (ModelExited) since their last successful load: not
+    # loaded, whatever `model_state` still says.
+    _exited: set[str]
 
-    def _init_books(self, config: SchedulerConfig, fx: Effects) -> None:
+    def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
         """The shared books, empty; each policy's constructor calls this first."""
         self._config = config
         self._fx = fx
@@ -85,9 +111,8 @@ class Ledger:
         self._in_flight = {}
         self._stats = SchedulerStats()
         self._pending_stop = {}
-        self._waiting = set()
-        self._wait_count = dict.fromkeys(BANDS, 0)
-        self._wait_heaps = {b: [] for b in BANDS}
+        self._waits = WaitGauges()
+        self._exited = set()
 
     @property
     def config(self) -> SchedulerConfig:
@@ -118,13 +143,176 @@ class Ledger:
         """Per band: (requests admitted and not yet granted, the oldest one's `arrived`, or
         None when the band is empty). Every band is present. O(bands), amortised: the run
         loop publishes this after every event for the metrics."""
-        out: dict[str, tuple[int, float | None]] = {}
-        for b in BANDS:
-            heap = self._wait_heaps[b]
-            while heap and heap[0][3] not in self._waiting:
-                heapq.heappop(heap)
-            out[b] = (self._wait_count[b], heap[0][0] if heap else None)
-        return out
+        return self._waits.by_band()
+
+    # ---- policy switch (scheduling/core/handover.py) --------------------------------------
+
+    def export_state(self) -> SchedulerState:
+        """Move every book into a SchedulerState and leave this scheduler empty and shut down
+        (a late request gets ShuttingDown; a late ServeDone raises): hand it to the other
+        policy's `from_state` and stop sending events here."""
+        return self._export_books(self._take_queue())
+
+    @classmethod
+    def from_state(cls, state: SchedulerState, config: SchedulerConfig, fx: Effects) -> Self:
+        """A scheduler of this policy holding `state`'s requests, swaps, in-flight counts,
+        slots and unloads, with `on_settings_changed` applied for `config`: requests for
+        models it does not define get ModelNotFound, the queue is ranked by this policy's
+        order, then drained. In-flight counts above a model's `parallel` (fifo ignores it)
+        are kept: serial grants that model nothing new until it is below."""
+        s = cls(config, fx)
+        s._restore_books(state)
+        s._restore_queue(state.queued)
+        s.on_settings_changed(SettingsChanged(config, state.now))
+        return s
+
+    # ---- the events every policy handles alike ---------------------------------------------
+
+    def on_cancel(self, ev: Cancelled) -> None:
+        """The client left while queued or waiting on a swap: forget it, free its slot, drain.
+        The swap it waited on keeps going even if it was the only waiter (llama-swap parity).
+        A Cancelled for a request granted (ServeDone follows), answered or unseen is ignored.
+        """
+        self._now = ev.now
+        req = ev.req
+        if self._dequeue(req):
+            self._release(req)
+            self._drain()
+            return
+        for swap in self._active.values():
+            if req in swap.waiters:
+                swap.waiters.remove(req)
+                swap.best = None
+                self._release(req)
+                self._drain()
+                return
+
+    def on_swap_done(self, ev: SwapDone) -> None:
+        """Forget the swap and drain. Failure answers each waiter SwapFailed (502, or 504
+        when it timed out); this is also how waiters learn that an unload aborted their swap.
+        Success clears the model's exit mark and leaves the waiters to the policy
+        (`_swap_succeeded`). A SwapDone with no active swap (stale, or after shutdown) is
+        ignored."""
+        self._now = ev.now
+        swap = self._active.pop(ev.model, None)
+        if swap is None:
+            return
+        if ev.error is not None:
+            error, timed_out = ev.error, ev.timed_out
+            self._fail_waiters(swap, lambda w: SwapFailed(ev.model, error, timed_out))
+        else:
+            self._exited.discard(ev.model)
+            self._swap_succeeded(swap)
+        self._drain()
+
+    def on_model_exited(self, ev: ModelExited) -> None:
+        """The model's process exited: it is not loaded until a load of it succeeds, so the
+        next request for it starts one (instead of a grant to a process that is gone); drain,
+        so queued requests for it start that load now, not when the cut requests are
+        released. Requests in flight on it end on their own."""
+        self._now = ev.now
+        self._exited.add(ev.model)
+        self._drain()
+
+    def on_serve_done(self, ev: ServeDone) -> None:
+        """A granted request finished: free its in-flight count and slot, drain (llama-swap
+        drains only at 0 in flight; every time also picks up unreported state changes)."""
+        self._now = ev.now
+        self._finish_serving(ev.req)
+        self._drain()
+
+    def on_unload(self, ev: UnloadRequested) -> None:
+        """Mark the models unloading and have the shell stop them (and answer `ev.handle`).
+        With `ev.everything` they are `ev.models` plus every model loaded or loading as this
+        runs (`_loaded_now`), resolved here so no earlier read decides what is stopped.
+
+        Until UnloadDone, requests for them queue (no fast path, no join, no new swap) and no
+        swap that would evict them starts, so nothing races the stop. A swap already loading
+        one of them is left to the shell's stop to abort; its SwapDone(error) errors its
+        waiters. Requests in flight are not waited for: an explicit unload is the operator's
+        call (llama-swap parity). fifo does not drain here; serial does (affinity changes).
+        """
+        self._now = ev.now
+        models = self._loaded_now(ev.models) if ev.everything else ev.models
+        for m in models:
+            self._unloading[m] = self._unloading.get(m, 0) + 1
+        self._fx.stop_processes(models, ev.handle)
+
+    def on_unload_done(self, ev: UnloadDone) -> None:
+        """The stop finished: lift the block and drain (a queued request now starts fresh)."""
+        self._now = ev.now
+        for m in ev.models:
+            left = self._unloading.get(m, 0) - 1
+            if left > 0:
+                self._unloading[m] = left
+            else:
+                self._unloading.pop(m, None)
+        self._drain()
+
+    def on_restart(self, ev: RestartRequested) -> None:
+        """Restart each running, defined model once it is idle (no request in flight); until
+        then nothing new is granted to it. The restart is a swap to the model that evicts
+        itself (`_start_restart`)."""
+        self._now = ev.now
+        self._request_restart(ev.models)
+        self._drain()
+
+    def on_shutdown(self, ev: Shutdown) -> None:
+        """Answer ShuttingDown to everyone queued or waiting, and to every later request.
+        Requests in flight are the shell's to finish; their ServeDone is still accepted."""
+        self._now = ev.now
+        self._shut_down = True
+        queued = self._take_queue()
+        self._positions.clear()
+        for req in queued:
+            self._fail(req, ShuttingDown())
+        for swap in self._active.values():
+            self._fail_waiters(swap, lambda w: ShuttingDown())
+
+    # ---- what each policy supplies ---------------------------------------------------------
+
+    def on_settings_changed(self, ev: SettingsChanged) -> None:
+        raise NotImplementedError
+
+    def _drain(self) -> None:
+        """Re-decide after an event: grant, join or start what now can, carry out pending
+        stops (`_maintain`), report positions. Every shared handler ends with it."""
+        raise NotImplementedError
+
+    def _dequeue(self, req: Request) -> bool:
+        """Remove `req` from the queue (not from a swap's waiters); False if not queued."""
+        raise NotImplementedError
+
+    def _take_queue(self) -> list[Request]:
+        """Empty the queue; return what it held, in the order it would be considered."""
+        raise NotImplementedError
+
+    def _restore_queue(self, queued: Iterable[Request]) -> None:
+        """Put handed-over requests (slots already reserved) into the empty queue."""
+        raise NotImplementedError
+
+    def _swap_succeeded(self, swap: Swap) -> None:
+        """The waiters of a swap that loaded its target: grant or queue them."""
+        raise NotImplementedError
+
+    def _start_restart(self, model: str) -> None:
+        """A swap to `model` that evicts `model` itself: the shell stops it, then starts it
+        again from the current definition. Requests for it wait for this swap like any other."""
+        raise NotImplementedError
+
+    # ---- shared decisions and bookkeeping ----------------------------------------------------
+
+    def _loaded_now(self, models: Iterable[str] = ()) -> tuple[str, ...]:
+        """`models` plus every model loaded or loading, sorted: the running processes
+        (`running_models`: neither stopped nor failed) and the active swaps' targets."""
+        return tuple(sorted({*models, *self._fx.running_models(), *self._active}))
+
+    def _fail_waiters(self, swap: Swap, error: Callable[[Request], SchedulingError]) -> None:
+        """Answer each of `swap`'s waiters `error(waiter)`, freeing its slot; the swap keeps
+        running with none."""
+        waiters, swap.waiters, swap.best = swap.waiters, [], None
+        for w in waiters:
+            self._fail(w, error(w))
 
     def _admit(self, req: Request) -> bool:
         """Admission, the same for every policy. In order: an unknown model →
@@ -147,12 +335,12 @@ class Ledger:
             self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
             return False
         cap = self._config.max_waiting
-        if cap > 0 and sum(self._wait_count.values()) >= cap:
+        if cap > 0 and self._waits.total() >= cap:
             self._fx.grant_error(req, QueueFull("the queue", cap))
             return False
         b = band(req.priority)
         cap = self._config.max_waiting_per_band.get(b, 0)
-        if cap > 0 and self._wait_count[b] >= cap:
+        if cap > 0 and self._waits.count[b] >= cap:
             self._fx.grant_error(req, QueueFull(f"the {b} band", cap))
             return False
         self._reserve(req)
@@ -211,11 +399,6 @@ class Ledger:
                 self._unloading[m] = self._unloading.get(m, 0) + 1
                 self._fx.stop_processes([m], None)
 
-    def _start_restart(self, model: str) -> None:
-        """A swap to `model` that evicts `model` itself: the shell stops it, then starts it
-        again from the current definition. Requests for it wait for this swap like any other."""
-        raise NotImplementedError
-
     def _being_evicted(self, model: str) -> bool:
         return any(model in swap.evict for swap in self._active.values())
 
@@ -251,24 +434,21 @@ class Ledger:
         self._active, self._serving, self._in_flight = {}, {}, {}
         self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
         self._pending_stop = {}
-        self._waiting = set()
-        self._wait_count = dict.fromkeys(BANDS, 0)
-        self._wait_heaps = {b: [] for b in BANDS}
+        self._waits = WaitGauges()
         self._shut_down = True
         return state
 
-    def _restore_books(self, state: SchedulerState,
-                       make_swap: Callable[[str, list[str], list[Request]], Any]) -> None:
+    def _restore_books(self, state: SchedulerState) -> None:
         """The shared half of `from_state`: slots, swaps, in-flight counts, unloads, clock,
         counters and positions; the policy then fills its own queue structure."""
         for r in state.holders():
             self._reserve(r)
         for sw in state.swaps:
-            self._active[sw.target] = make_swap(sw.target, list(sw.evict), list(sw.waiters))
+            self._active[sw.target] = Swap(sw.target, list(sw.evict), list(sw.waiters))
         for r, model in state.serving.items():
             self._serving[r] = model
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
-            self._unwait(r)
+            self._waits.discard(r)
         self._unloading = dict(state.unloading)
         self._shut_down = state.shut_down
         self._now = state.now
@@ -282,7 +462,7 @@ class Ledger:
         counts in flight: counting a refused one would strand the count and block every
         later eviction of `model`."""
         if self._fx.grant_serve(req, model):
-            self._unwait(req)
+            self._waits.discard(req)
             self._serving[req] = model
             self._in_flight[model] = self._in_flight.get(model, 0) + 1
             assert req.dispatch is not None
@@ -314,30 +494,13 @@ class Ledger:
     def _reserve(self, req: Request) -> None:
         self._holders.add(req)
         self._reserved[req.model] = self._reserved.get(req.model, 0) + 1
-        b = band(req.priority)
-        self._waiting.add(req)
-        self._wait_count[b] += 1
-        heapq.heappush(self._wait_heaps[b], (req.arrived, req.seq, id(req), req))
-
-    def _unwait(self, req: Request) -> None:
-        """`req` stops waiting (granted or gone); its heap entry is dropped lazily."""
-        if req in self._waiting:
-            self._waiting.remove(req)
-            b = band(req.priority)
-            self._wait_count[b] -= 1
-            heap = self._wait_heaps[b]
-            if len(heap) > 64 + 2 * self._wait_count[b]:
-                # Mostly dead entries (an old request holds the top while later ones come and
-                # go): rebuild, so memory follows the live queue and no granted request is
-                # kept alive by its entry.
-                heap[:] = [e for e in heap if e[3] in self._waiting]
-                heapq.heapify(heap)
+        self._waits.add(req)
 
     def _release(self, req: Request) -> None:
         if req not in self._holders:
             raise InvariantViolation(f"releasing a slot request seq={req.seq} never reserved")
         self._holders.remove(req)
-        self._unwait(req)
+        self._waits.discard(req)
         left = self._reserved[req.model] - 1
         if left:
             self._reserved[req.model] = left

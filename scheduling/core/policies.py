@@ -40,7 +40,7 @@ def make_scheduler(config: SchedulerConfig, fx: Effects, previous: Scheduler | N
         return cls(config, fx)
     if type(previous) is cls:
         if previous.config is not config:
-            previous.on_settings_changed(SettingsChanged(config, previous.now))  # type: ignore[attr-defined]
+            previous.on_settings_changed(SettingsChanged(config, previous.now))
         return previous
     export = getattr(previous, "export_state", None)
     if export is None:

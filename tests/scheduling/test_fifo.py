@@ -26,11 +26,11 @@ from scheduling.core.errors import (
 from scheduling.core.events import (
     Cancelled,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
     SwapDone,
-    Tick,
     UnloadDone,
     UnloadRequested,
 )
@@ -583,13 +583,16 @@ def test_fifo_settings_change_errors_swap_waiters_of_removed_model():
     assert fx.swaps[-1] == ("b", ["a"]) and fx.stops == []
 
 
-def test_fifo_tick_does_nothing():
-    """fifo has no aging: a Tick must not reorder, start or answer anything."""
+def test_fifo_time_alone_does_nothing():
+    """fifo has no aging: an event that changes nothing else (a restart of a model that is
+    not running), handled long after the arrivals, must not reorder, start or answer
+    anything."""
     s, fx = fifo(states={"a": READY})
     arrive(s, "a")
     b = arrive(s, "b")
     fx.clear()
-    s.on_tick(Tick(1e6))
+    s.on_restart(RestartRequested(("b",), 1e6))
+    assert s.now == 1e6 and s.restart_pending() == frozenset()
     assert s.queued() == [b] and (fx.swaps, fx.grants, fx.errors, fx.positions) == ([], [], [], [])
 
 
@@ -657,7 +660,8 @@ def test_fifo_satisfies_scheduler_shape():
     """The shell dispatches by these names; a rename would only fail at runtime."""
     s, _ = fifo()
     for name in ("on_request", "on_cancel", "on_swap_done", "on_serve_done", "on_unload",
-                 "on_unload_done", "on_settings_changed", "on_tick", "on_shutdown"):
+                 "on_unload_done", "on_settings_changed", "on_restart", "on_model_exited",
+                 "on_shutdown"):
         assert callable(getattr(s, name))
     assert isinstance(s.config, SchedulerConfig)
 

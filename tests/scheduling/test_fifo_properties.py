@@ -26,7 +26,6 @@ from scheduling.core.events import (
     SettingsChanged,
     Shutdown,
     SwapDone,
-    Tick,
     UnloadDone,
     UnloadRequested,
 )
@@ -171,11 +170,14 @@ class Harness:
                 s.on_cancel(Cancelled(r, self.now))
                 if waiting:
                     fx.cancelled.add(r)
-        elif kind == "tick":
-            s.on_tick(Tick(self.now))
+        elif kind == "idle":
+            pass  # time passes with nothing happening: the next event carries a later `now`
         elif kind == "unload":
             models = {MODELS[a % 5], MODELS[(a // 5) % 5]} if f1 else {MODELS[a % 5]}
             s.on_unload(UnloadRequested(tuple(sorted(models)), self.now, handle="explicit"))
+        elif kind == "unload_all":  # whatever is loaded or loading now, resolved by the core
+            extra = (MODELS[a % 5],) if f1 else ()
+            s.on_unload(UnloadRequested(extra, self.now, handle="explicit", everything=True))
         elif kind == "restart":
             s.on_restart(RestartRequested((MODELS[a % 5],), self.now))
         elif kind == "unload_done" and fx.unloads:
@@ -242,7 +244,8 @@ class Harness:
 # An event kind, weighted by repetition (arrivals and completions are common, settings changes
 # and unloads rare), with random knobs that `Harness.step` interprets per kind.
 KINDS = (["arrive"] * 6 + ["swap_done"] * 4 + ["serve_done"] * 4 + ["cancel", "leave"] * 2
-         + ["tick", "unload", "unload_done", "unload_done", "settings", "settings", "restart"])
+         + ["idle", "unload", "unload_all", "unload_done", "unload_done", "settings", "settings",
+            "restart"])
 OP = st.tuples(st.sampled_from(KINDS), st.integers(0, 60), st.integers(-2, 2), st.booleans(),
                st.booleans())
 

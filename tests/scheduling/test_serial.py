@@ -19,11 +19,11 @@ from scheduling.core.events import (
     Cancelled,
     Request,
     RequestArrived,
+    RestartRequested,
     ServeDone,
     SettingsChanged,
     Shutdown,
     SwapDone,
-    Tick,
     UnloadDone,
     UnloadRequested,
 )
@@ -404,15 +404,17 @@ def test_serial_settings_change_removes_model_404():
     assert isinstance(fx3.error_of(w), ModelNotFound) and s3.active_swaps() == {"a": []}
 
 
-def test_serial_tick_changes_nothing_by_itself():
-    """Aging alone never reorders waiting requests (every score grows alike): a Tick must
-    not grant, swap or re-report positions."""
+def test_serial_aging_alone_changes_nothing():
+    """Aging alone never reorders waiting requests (every score grows alike): an event that
+    changes nothing else (a restart of a model that is not running), handled long after the
+    arrivals, walks the queue and must not grant, swap or re-report positions."""
     s, fx = serial(states={"a": READY})
     arrive(s, "a")
     b = arrive(s, "b", priority=-100)
     c = arrive(s, "c")
     fx.clear()
-    s.on_tick(Tick(1e6))
+    s.on_restart(RestartRequested(("b",), 1e6))
+    assert s.now == 1e6 and s.restart_pending() == frozenset()
     assert s.queued() == [c, b]
     assert (fx.swaps, fx.grants, fx.errors, fx.positions) == ([], [], [], [])
 
@@ -869,7 +871,8 @@ def test_serial_satisfies_scheduler_shape():
     """The shell dispatches by these names and the bench and metrics read these."""
     s, _ = serial()
     for name in ("on_request", "on_cancel", "on_swap_done", "on_serve_done", "on_unload",
-                 "on_unload_done", "on_settings_changed", "on_tick", "on_shutdown",
+                 "on_unload_done", "on_settings_changed", "on_restart", "on_model_exited",
+                 "on_shutdown",
                  "queued", "in_flight", "reserved", "active_swaps", "pick", "stats",
                  "waiting_by_band", "export_state", "from_state"):
         assert callable(getattr(s, name))

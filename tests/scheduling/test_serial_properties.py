@@ -36,7 +36,6 @@ from scheduling.core.events import (
     ServeDone,
     SettingsChanged,
     Shutdown,
-    Tick,
     UnloadRequested,
 )
 from scheduling.core.priority import band
@@ -239,11 +238,14 @@ class Harness:
                 s.on_cancel(Cancelled(r, self.now))
                 if waiting:
                     fx.cancelled.add(r)
-        elif kind == "tick":
-            s.on_tick(Tick(self.now))
+        elif kind == "idle":
+            pass  # time passes with nothing happening: the next event carries a later `now`
         elif kind == "unload":
             ms = {models[a % 4], models[(a // 4) % 4]} if f1 else {models[a % 4]}
             s.on_unload(UnloadRequested(tuple(sorted(ms)), self.now, handle="explicit"))
+        elif kind == "unload_all":  # whatever is loaded or loading now, resolved by the core
+            extra = (models[a % 4],) if f1 else ()
+            s.on_unload(UnloadRequested(extra, self.now, handle="explicit", everything=True))
         elif kind == "unload_done" and fx.unloads:
             s.on_unload_done(fx.unload_done(a % len(fx.unloads), self.now))
         elif kind == "settings":
@@ -312,7 +314,8 @@ class Harness:
 
 
 KINDS = (["arrive"] * 7 + ["swap_done"] * 4 + ["serve_done"] * 5 + ["cancel", "leave"]
-         + ["tick", "tick", "unload", "unload_done", "unload_done", "settings", "restart"])
+         + ["idle", "idle", "unload", "unload_all", "unload_done", "unload_done", "settings",
+            "restart"])
 OP = st.tuples(st.sampled_from(KINDS), st.integers(0, 60), st.integers(0, 30), st.booleans(),
                st.booleans(), st.integers(0, 6))
 PARAMS = dict(layout=st.sampled_from(sorted(LAYOUTS)),

@@ -227,8 +227,10 @@ class Stopping:
 
     @staticmethod
     def _stop_reactor() -> None:
-        from twisted.internet import error, reactor
+        from twisted.internet import error
+        from twisted.internet import reactor as _reactor
 
+        reactor: Any = _reactor  # Twisted types the reactor as its interfaces, methods without self
         try:
             reactor.stop()
         except error.ReactorNotRunning:
@@ -290,7 +292,9 @@ class Command(BaseCommand):
         edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
                      build_catalog().api_keys)
         reactor.callWhenRunning(on_running)
-        reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+        # Twisted's interface stubs take the first argument for self: the call is right.
+        reactor.addSystemEventTrigger("before", "shutdown",  # type: ignore[arg-type]
+                                      before_shutdown)
         server = ProxyServer(
             application=application,
             endpoints=[endpoint_for(host, port)],
