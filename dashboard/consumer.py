@@ -40,7 +40,7 @@ from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.logbuffer import registry as log_registry
 from gpuproxy.upstream.states import State
 from scheduling.core.effects import Scheduler
-from scheduling.core.errors import SchedulingError, ShuttingDown
+from scheduling.core.errors import SchedulingError
 from scheduling.core.events import Request
 from scheduling.core.priority import BANDS, band
 
@@ -182,8 +182,6 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             self._wake.clear()
             try:
                 await self.send_json({"type": "state", "state": await state(rt)})
-            except ShuttingDown:
-                return  # the proxy is stopping: nothing more to show
             except Exception:
                 logger.exception("dashboard: could not send the state")
                 raise

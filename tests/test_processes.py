@@ -300,19 +300,19 @@ async def test_ttl_unloads_when_idle(make: Make, port: int) -> None:
 async def test_ttl_never_unloads_during_a_request(make: Make, port: int) -> None:
     proc = make(fake_spec(port, ttl=0.3, unload_timeout=5))
     await asyncio.wait_for(proc.ensure_ready(), DEADLINE)
-    proc.request_started()
-    assert proc.in_flight == 1
+    proc.serving(True)
+    assert proc.busy
 
     with pytest.raises(TimeoutError):  # well past the ttl: a busy model must stay
         await wait_for_state(proc, State.STOPPING, timeout=0.9)
     assert proc.state is State.READY
 
     loop = asyncio.get_running_loop()
-    proc.request_finished()
+    proc.serving(False)
     finished = loop.time()
     await wait_for_state(proc, State.STOPPED, timeout=5)
     assert loop.time() - finished >= 0.3 - 0.01, "idle time runs from the request's end"
-    assert proc.in_flight == 0
+    assert not proc.busy
 
 
 async def test_crash_stops_then_next_request_restarts(
@@ -323,7 +323,7 @@ async def test_crash_stops_then_next_request_restarts(
     assert first is not None
 
     with caplog.at_level(logging.WARNING, logger="gpuproxy.upstream.processes"):
-        proc.request_started()
+        proc.serving(True)
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
                 with pytest.raises(httpx.HTTPError):
@@ -333,7 +333,7 @@ async def test_crash_stops_then_next_request_restarts(
                               "max_tokens": 4})
                     response.raise_for_status()
         finally:
-            proc.request_finished()
+            proc.serving(False)
         await wait_for_state(proc, State.STOPPED, timeout=5)
 
     assert proc.pid is None and pid_gone(first)

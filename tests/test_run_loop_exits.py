@@ -13,12 +13,15 @@ import pytest
 
 from gpuproxy.shell.run_loop import RunLoop
 from gpuproxy.shell.upstreams import Upstreams
+from gpuproxy.upstream.states import State
 from scheduling.catalog import Catalog, CatalogModel
 from scheduling.core.errors import ShuttingDown, SwapFailed
-from scheduling.core.events import Event, ModelExited
+from scheduling.core.events import Event, ModelExited, ServeDone
 from scheduling.core.policies import make_scheduler
+from scheduling.core.swapper import Group
+from tests.conftest import free_port
 from tests.test_process_escapes import no_leftovers
-from tests.test_processes import DEADLINE, fake_spec
+from tests.test_processes import DEADLINE, fake_spec, wait_for_state
 
 __all__ = ["no_leftovers"]
 
@@ -100,3 +103,77 @@ async def test_after_shutdown_acquire_and_unload_answer_at_once(run_loop: RunLoo
     with pytest.raises(ShuttingDown):
         await asyncio.wait_for(run_loop.acquire("fake"), DEADLINE)
     await asyncio.wait_for(run_loop.unload(["fake"]), DEADLINE)  # nothing left to stop
+
+
+@pytest.fixture
+async def ttl_loop(port: int) -> AsyncIterator[RunLoop]:
+    catalog = Catalog(models={"fake": CatalogModel("fake", fake_spec(port, ttl=0.3), parallel=2)})
+
+    async def load() -> Catalog:
+        return catalog
+
+    upstreams = Upstreams(load)
+    await upstreams.refresh()
+    loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
+    loop.processed = asyncio.Queue()
+    loop.start()
+    try:
+        yield loop
+    finally:
+        await asyncio.wait_for(loop.shutdown(), DEADLINE)
+        await asyncio.wait_for(upstreams.shutdown(), DEADLINE)
+
+
+async def test_the_ttl_waits_for_the_schedulers_in_flight_count(ttl_loop: RunLoop) -> None:
+    """In flight is counted once, by the scheduler: the process stays while any grant of its
+    model is held (two here, released one by one), and its idle time runs from the last
+    release, which the run loop reports once the scheduler's count is 0."""
+    first = await asyncio.wait_for(ttl_loop.acquire("fake"), DEADLINE)
+    second = await asyncio.wait_for(ttl_loop.acquire("fake"), DEADLINE)
+    proc = ttl_loop.upstreams.process("fake")
+    assert proc.busy and proc.state is State.READY
+    first.release()
+    assert ttl_loop.processed is not None
+    await asyncio.wait_for(next_of(ttl_loop.processed, ServeDone), DEADLINE)
+    assert proc.busy, "one grant is still held"
+    with pytest.raises(TimeoutError):  # well past the ttl: a busy model must stay
+        await wait_for_state(proc, State.STOPPING, timeout=0.9)
+
+    loop = asyncio.get_running_loop()
+    second.release()
+    released = loop.time()
+    await asyncio.wait_for(next_of(ttl_loop.processed, ServeDone), DEADLINE)
+    assert not proc.busy
+    await wait_for_state(proc, State.STOPPED, timeout=5)
+    assert loop.time() - released >= 0.3 - 0.01, "idle time runs from the last release"
+
+
+async def test_unload_everything_stops_a_load_still_evicting(port: int) -> None:
+    """Loading `b` must first stop `a`, which takes its time (it ignores SIGTERM). "Unload
+    everything" handled meanwhile counts `b` as loading, but `b` has no process yet to stop:
+    the load must not go on once `a` is gone. The waiter hears that the start was aborted,
+    and nothing is left running."""
+    slow = fake_spec(port, "--ignore-sigterm", model_id="a", unload_timeout=1.0)
+    quick = fake_spec(free_port(), model_id="b")
+    catalog = Catalog(models={"a": CatalogModel("a", slow), "b": CatalogModel("b", quick)},
+                      groups=(Group("g", frozenset({"a", "b"})),))
+
+    async def load() -> Catalog:
+        return catalog
+
+    upstreams = Upstreams(load)
+    await upstreams.refresh()
+    run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
+    run_loop.start()
+    try:
+        (await asyncio.wait_for(run_loop.acquire("a"), DEADLINE)).release()
+        waiter = asyncio.create_task(run_loop.acquire("b"))
+        await wait_for_state(upstreams.process("a"), State.STOPPING, timeout=DEADLINE)
+        await asyncio.wait_for(run_loop.unload_all(), DEADLINE)
+        with pytest.raises(SwapFailed) as failed:
+            await asyncio.wait_for(waiter, DEADLINE)
+        assert failed.value.message.startswith('model "b" start aborted: stopped while starting')
+        assert upstreams.running_ids() == []
+    finally:
+        await asyncio.wait_for(run_loop.shutdown(), DEADLINE)
+        await asyncio.wait_for(upstreams.shutdown(), DEADLINE)

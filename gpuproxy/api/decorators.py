@@ -68,7 +68,7 @@ def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View]
                 if isinstance(who, KeyRefusal):
                     return json_error(who.status, who.message, type_=who.type, code=who.code,
                                       headers=who.headers)
-                api_request.caller = who
+                api_request.caller = Caller(who.name, who.admin)  # without the key
             return await view(api_request, *args, **kwargs)
 
         exempt = csrf_exempt(wrapped)

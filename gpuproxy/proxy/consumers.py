@@ -42,7 +42,6 @@ from gpuproxy.proxy.inference import (
 )
 from gpuproxy.proxy.model_list import models_list, resolve_prefix
 from gpuproxy.shell import runtime
-from gpuproxy.shell.port import ProxyPort
 from gpuproxy.shell.run_loop import Waiting
 from gpuproxy.upstream import relay
 from gpuproxy.upstream.processes import State
@@ -100,7 +99,11 @@ class ProxyConsumer(UpstreamExchange):
         self._task: asyncio.Task | None = None
         self._responded = False
         self.max_body = getattr(settings, "GPUPROXY_MAX_BODY_BYTES", 32 * 1024 * 1024)
-        self.rec: RequestRecord | None = None
+        # The request's activity row. A placeholder until the body is read (a client that
+        # leaves before has no row); `_log` says whether it is still to be written: it is
+        # written once, and never for what is not an inference request (a listing, a redirect).
+        self.rec = RequestRecord("", "", "", "")
+        self._log = False
         self._cancelled_by_admin = False
         # headers never sent upstream: hop-by-hop ones, and the proxy's own credential once
         # a gpuproxy API key let the request in (`auth.credential_drop`)
@@ -130,7 +133,7 @@ class ProxyConsumer(UpstreamExchange):
             self._responded = True
             text = (f"the request body is over {self.max_body} bytes; send less or raise "
                     "GPUPROXY_MAX_BODY_MB")
-            self.rec = self.new_record()
+            self.start_record()
             await self.send_json(413, error_body(text, "invalid_request_error",
                                                  "body_too_large"), outcome=outcomes.BAD_REQUEST)
             self.submit_record()
@@ -141,7 +144,7 @@ class ProxyConsumer(UpstreamExchange):
             self.body = []
             # The record exists from here, not from the task's first step: a disconnect
             # that cancels the task before it runs would otherwise leave no row at all.
-            self.rec = self.new_record()
+            self.start_record()
             self._task = asyncio.get_running_loop().create_task(self._run(body))
 
     async def http_disconnect(self, message: dict) -> None:
@@ -151,11 +154,10 @@ class ProxyConsumer(UpstreamExchange):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         rec = self.rec
-        if rec is not None:  # cancelled before its first step: `_run` never saw it
-            if not rec.outcome:
-                rec.fail(CLIENT_CLOSED, outcomes.CANCELLED_QUEUED,
-                         "the client closed the connection")
-            self.submit_record()
+        if self._log and not rec.outcome:  # cancelled before its first step: `_run` never ran
+            rec.fail(CLIENT_CLOSED, outcomes.CANCELLED_QUEUED,
+                     "the client closed the connection")
+        self.submit_record()
         raise StopConsumer()
 
     async def _run(self, body: bytes) -> None:
@@ -166,7 +168,7 @@ class ProxyConsumer(UpstreamExchange):
                 await self._end_cancelled_by_admin()
                 return
             rec = self.rec
-            if rec is not None and not rec.outcome:
+            if not rec.outcome:
                 queued = rec.dispatched is None
                 rec.fail(CLIENT_CLOSED,
                          outcomes.CANCELLED_QUEUED if queued else outcomes.CANCELLED_INFLIGHT,
@@ -174,11 +176,10 @@ class ProxyConsumer(UpstreamExchange):
             raise
         except Exception as exc:
             logger.exception("proxy error on %s %s", self.scope["method"], self.scope["path"])
-            if self.rec is not None:
-                # the type only: an exception's text can hold what was sent upstream
-                self.rec.fail(500, outcomes.UPSTREAM_ERROR,
-                              f"internal error in gpuproxy ({type(exc).__name__}); the proxy "
-                              "log has the details")
+            # the type only: an exception's text can hold what was sent upstream
+            self.rec.fail(500, outcomes.UPSTREAM_ERROR,
+                          f"internal error in gpuproxy ({type(exc).__name__}); the proxy "
+                          "log has the details")
             if not self._responded:
                 await self.send_json(500, error_body(
                     "internal error in gpuproxy; the proxy log has the details",
@@ -197,30 +198,30 @@ class ProxyConsumer(UpstreamExchange):
     async def _end_cancelled_by_admin(self) -> None:
         message = "cancelled by an administrator of this gpuproxy"
         rec = self.rec
-        if rec is not None:
-            rec.fail(503 if not self._responded else rec.status_code or 200,
-                     outcomes.CANCELLED_BY_ADMIN, message)
+        rec.fail(503 if not self._responded else rec.status_code or 200,
+                 outcomes.CANCELLED_BY_ADMIN, message)
         if not self._responded:
             self._responded = True
             await self.send_response(503, error_body(message, "server_error",
                                                      "cancelled_by_admin"), headers=JSON)
             return
-        if rec is not None and rec.stream:  # an SSE stream: say why before it ends
+        if rec.stream:  # an SSE stream: say why before it ends
             await self.send_body(b"data: " + error_body(message, "server_error",
                                                         "cancelled_by_admin") + b"\n\n",
                                  more_body=True)
         await self.send_body(b"")
 
-    def new_record(self) -> RequestRecord:
+    def start_record(self) -> None:
         client = self.scope.get("client") or ("", 0)
-        return RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
-                             self.headers.get(b"user-agent", b"").decode("latin-1"))
+        self.rec = RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
+                                 self.headers.get(b"user-agent", b"").decode("latin-1"))
+        self._log = True
 
     def submit_record(self) -> None:
-        """Hand the finished record to the activity writer: O(1), never the database."""
-        rec, self.rec = self.rec, None
-        if rec is not None:
-            row = rec.row()
+        """Hand the finished record to the activity writer, once: O(1), never the database."""
+        if self._log:
+            self._log = False
+            row = self.rec.row()
             activity_writer().submit(row)
             metrics.observe_request(row)
 
@@ -238,7 +239,7 @@ class ProxyConsumer(UpstreamExchange):
     async def send_json(self, status: int, body: bytes,
                         headers: list[tuple[bytes, bytes]] | None = None,
                         outcome: str = "") -> None:
-        if self.rec is not None and outcome:
+        if outcome:
             self.rec.fail(status, outcome, json.loads(body)["error"]["message"])
         self._responded = True
         await self.send_headers(status=status, headers=JSON + (headers or []))
@@ -257,8 +258,8 @@ class ProxyConsumer(UpstreamExchange):
     # ---- routing ----------------------------------------------------------------------------
 
     async def route(self, body: bytes) -> None:
-        rt = await runtime.port()
-        catalog = rt.catalog
+        self.rt = await runtime.port()
+        catalog = self.rt.catalog
         headers = self.headers
         path: str = self.scope["path"]
         method: str = self.scope["method"]
@@ -268,34 +269,33 @@ class ProxyConsumer(UpstreamExchange):
                             catalog.api_keys, catalog.admin_keys,
                             admin=proxy_path_needs_admin(path), path=path)
             if isinstance(who, KeyRefusal):
-                if self.rec is not None and who.caller is not None:
+                if who.caller is not None:
                     self.rec.client = who.caller.name
                 await self.send_json(who.status, error_body(who.message, who.type, who.code),
                                      [(k.lower().encode(), v.encode())
                                       for k, v in who.headers.items()],
                                      outcome=outcomes.UNAUTHORIZED)
                 return
-            if self.rec is not None:
-                self.rec.client = who.name
+            self.rec.client = who.name
             self._drop = credential_drop(headers, who.key)
         malformed = self.malformed(path)
         if malformed is not None:
             await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)
             return
         if path in ("/v1/models", "/models"):
-            self.rec = None  # a listing is not an inference request: not logged
+            self._log = False  # a listing is not an inference request: not logged
             if method != "GET":
                 await self.method_not_allowed("GET")
                 return
-            await self.send_json(200, json.dumps(models_list(rt, catalog)).encode())
+            await self.send_json(200, json.dumps(models_list(self.rt, catalog)).encode())
         elif path.startswith("/upstream/"):
-            await self.upstream_passthrough(rt, path[len("/upstream/"):], body)
+            await self.upstream_passthrough(path[len("/upstream/"):], body)
         elif path in INFERENCE_PATHS:
             allowed = ("GET", "POST") if path in GET_PATHS else ("POST",)
             if method not in allowed:
                 await self.method_not_allowed(*allowed)
                 return
-            await self.inference(rt, VERSIONLESS.get(path, path), body)
+            await self.inference(VERSIONLESS.get(path, path), body)
         else:
             await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
                                                  "invalid_request_error", "not_found"),
@@ -320,7 +320,7 @@ class ProxyConsumer(UpstreamExchange):
             f"{' or '.join(allowed)}", "invalid_request_error", "method_not_allowed"),
             [(b"allow", ", ".join(allowed).encode())], outcome=outcomes.BAD_REQUEST)
 
-    async def inference(self, rt: ProxyPort, upstream_path: str, body: bytes) -> None:
+    async def inference(self, upstream_path: str, body: bytes) -> None:
         try:
             parsed = parse(self.scope["method"], upstream_path,
                            self.scope.get("query_string", b"").decode("latin-1"),
@@ -333,11 +333,10 @@ class ProxyConsumer(UpstreamExchange):
                                              "invalid_content_type"))
             return
         self._streams = parsed.stream
-        if self.rec is not None:
-            self.rec.model_requested = parsed.model
-            self.rec.stream = parsed.stream
-        model_id = rt.catalog.resolve(parsed.model)
-        meta = rt.catalog.models.get(model_id) if model_id else None
+        self.rec.model_requested = parsed.model
+        self.rec.stream = parsed.stream
+        model_id = self.rt.catalog.resolve(parsed.model)
+        meta = self.rt.catalog.models.get(model_id) if model_id else None
         priority = self.priority(parsed.json_body)
         if meta is not None:
             body = apply_filters(parsed, requested=parsed.model,
@@ -346,11 +345,11 @@ class ProxyConsumer(UpstreamExchange):
                                  set_params_by_id=meta.set_params_by_id,
                                  vllm_priority=priority if meta.vllm_priority else None)
         waits_visibly = parsed.stream and upstream_path == "/v1/chat/completions"
-        await self.forward(rt, model_id or parsed.model, upstream_path, body, priority,
+        await self.forward(model_id or parsed.model, upstream_path, body, priority,
                            progress=waits_visibly,
                            loading_state=bool(meta and meta.send_loading_state))
 
-    def queue_deadline(self, rt: ProxyPort) -> float | None:
+    def queue_deadline(self) -> float | None:
         """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
         else the `queue.timeout` setting (0: no deadline). A bad header value is ignored, as
         a bad priority is: the request is still served."""
@@ -362,7 +361,7 @@ class ProxyConsumer(UpstreamExchange):
                 seconds = 0.0
             if 0 < seconds < float("inf"):
                 return seconds
-        return rt.catalog.queue_timeout or None
+        return self.rt.catalog.queue_timeout or None
 
     def priority(self, json_body: dict[str, Any] | None) -> int:
         """The header's priority; without the header, OpenAI's `service_tier` in the body."""
@@ -373,23 +372,22 @@ class ProxyConsumer(UpstreamExchange):
                 return tier
         return parse_priority(header)
 
-    async def upstream_passthrough(self, rt: ProxyPort, rest: str, body: bytes) -> None:
+    async def upstream_passthrough(self, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""
-        model_id, sub = resolve_prefix(rt.catalog, rest)
-        if self.rec is not None:
-            self.rec.model_requested = rest.split("/", 1)[0]
+        model_id, sub = resolve_prefix(self.rt.catalog, rest)
+        self.rec.model_requested = rest.split("/", 1)[0]
         if model_id is None:
             await self.send_error(ModelNotFound(rest.split("/", 1)[0]))
             return
         if sub is None:  # bare /upstream/<model>: redirect so relative links work
             status = 301 if self.scope["method"] in ("GET", "HEAD") else 308
-            self.rec = None  # a redirect reaches no model: not logged
+            self._log = False  # a redirect reaches no model: not logged
             self._responded = True
             await self.send_headers(status=status, headers=[
                 (b"location", f"/upstream/{rest}/".encode())])
             await self.send_body(b"")
             return
-        proc = rt.upstream(model_id)
+        proc = self.rt.upstream(model_id)
         loaded = proc is not None and proc.state is State.READY
         if not loaded and any(p.match("/" + sub) for p in IGNORE_PATHS):
             await self.send_json(409, error_body(
@@ -398,9 +396,9 @@ class ProxyConsumer(UpstreamExchange):
                 outcome=outcomes.BAD_REQUEST)
             return
         self._streams = relay.passthrough_streams(body)
-        await self.forward(rt, model_id, "/" + sub, body, retry=False)
+        await self.forward(model_id, "/" + sub, body, retry=False)
 
-    async def forward(self, rt: ProxyPort, model: str, upstream_path: str,
+    async def forward(self, model: str, upstream_path: str,
                       body: bytes, priority: int | None = None, *, progress: bool = False,
                       loading_state: bool = False, retry: bool = True) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives.
@@ -417,10 +415,9 @@ class ProxyConsumer(UpstreamExchange):
         if priority is None:
             priority = self.priority(None)
         rec = self.rec
-        if rec is not None:
-            rec.priority = priority
-            rec.model = model if model in rt.catalog.models else ""
-            rec.scheduler = rt.catalog.scheduler
+        rec.priority = priority
+        rec.model = model if model in self.rt.catalog.models else ""
+        rec.scheduler = self.rt.catalog.scheduler
         reporter: asyncio.Task | None = None
 
         def watch(waiting: Waiting) -> None:
@@ -429,14 +426,14 @@ class ProxyConsumer(UpstreamExchange):
                 reporter = asyncio.get_running_loop().create_task(
                     self.report_wait(waiting, model, priority, loading_state))
 
-        patience = self.queue_deadline(rt)
+        patience = self.queue_deadline()
         give_up = time.monotonic() + patience if patience is not None else None
         for attempt in (1, 2):
             if give_up is not None:  # a second wait gets what is left of the first's
                 patience = max(give_up - time.monotonic(), 0.001)
             try:
                 try:
-                    grant = await rt.acquire(model, priority, patience, watch=watch)
+                    grant = await self.rt.acquire(model, priority, patience, watch=watch)
                 finally:
                     if reporter is not None:
                         reporter.cancel()
@@ -450,23 +447,21 @@ class ProxyConsumer(UpstreamExchange):
                 else:
                     await self.send_error(exc)
                 return
-            if rec is not None:
-                rec.dispatched = time.monotonic()
-                rec.dispatch = grant.req.dispatch
-                rec.swap_s = grant.swap_wait
-                inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
+            rec.dispatched = time.monotonic()
+            rec.dispatch = grant.req.dispatch
+            rec.swap_s = grant.swap_wait
+            inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
             try:
-                again = await self.relay(rt, grant.model, upstream_path, body, retry=retry,
+                again = await self.relay(grant.model, upstream_path, body, retry=retry,
                                          requeue=retry and attempt == 1)
             finally:
                 grant.release()
-                if rec is not None:
-                    inflight.remove(rec)
+                inflight.remove(rec)
             if not again:
                 return
-            if rec is not None:  # queued again: not dispatched until the next grant
-                rec.dispatched = None
-                rec.dispatch = None
+            # queued again: not dispatched until the next grant
+            rec.dispatched = None
+            rec.dispatch = None
 
     async def report_wait(self, waiting: Waiting, model: str, priority: int,
                           loading_state: bool) -> None:

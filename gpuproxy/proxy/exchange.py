@@ -42,7 +42,8 @@ EXIT_GRACE = 0.05
 class UpstreamExchange(AsyncHttpConsumer):
     """The upstream half of ProxyConsumer: attributes below are set by the consumer."""
 
-    rec: RequestRecord | None
+    rec: RequestRecord
+    rt: ProxyPort  # the running proxy, looked up once per request (ProxyConsumer.route)
     _responded: bool
     _drop: frozenset[bytes]
     _streams: bool
@@ -57,24 +58,23 @@ class UpstreamExchange(AsyncHttpConsumer):
                            outcome: str) -> None:
         """An error after the stream's 200 went out: an OpenAI-style `error` event, then
         the end (never a `[DONE]`)."""
-        if self.rec is not None:
-            self.rec.fail(status, outcome, message)
+        self.rec.fail(status, outcome, message)
         await self.send_body(b"data: " + error_body(message, "upstream_error", code)
                              + b"\n\n", more_body=True)
         await self.send_body(b"")
 
-    async def relay(self, rt: ProxyPort, model: str, upstream_path: str,
+    async def relay(self, model: str, upstream_path: str,
                     body: bytes, *, retry: bool = True, requeue: bool = False) -> bool:
         """Send the request and relay the answer. True, with nothing sent to the client, when
         `requeue` and the request should wait for the model again: its process had died
         before the request could reach it (the connection was refused and the process has
         exited), so the scheduler, now told of the exit, restarts the model for it."""
-        proc = rt.upstream_process(model)
+        proc = self.rt.upstream_process(model)
         pid = proc.pid  # the process this request is for: a retry goes only to the same one
         query = self.scope.get("query_string", b"")
         url = proc.spec.proxy.rstrip("/") + upstream_path + (
             "?" + query.decode("latin-1") if query else "")
-        meta = rt.catalog.models.get(model)
+        meta = self.rt.catalog.models.get(model)
         idle = meta.stream_idle_timeout if meta is not None else relay.READ_TIMEOUT
         drop = self._drop
         if drop is not relay.HOP_BY_HOP and meta is not None and _forwards_api_key(meta):
@@ -105,8 +105,7 @@ class UpstreamExchange(AsyncHttpConsumer):
             logger.info('model "%s": its reused connection was %s before the request was '
                         "read; sending it once more on a fresh one", model, fail.describe())
             metrics.upstream_retried(model)
-            if self.rec is not None:
-                self.rec.upstream_retries += 1
+            self.rec.upstream_retries += 1
             client = relay.client(fresh=True)
             relay.begin_attempt(model, streams)
             try:
@@ -139,11 +138,10 @@ class UpstreamExchange(AsyncHttpConsumer):
                 await self.send_headers(status=response.status_code,
                                         headers=relay.response_headers(response_headers))
             async for chunk in response.aiter_raw():
-                if rec is not None and rec.first_byte is None:
+                if rec.first_byte is None:
                     rec.first_byte = time.monotonic()
                 parser.feed(chunk)
-                if rec is not None:
-                    rec.bytes_out += len(chunk)
+                rec.bytes_out += len(chunk)
                 await self.send_body(chunk, more_body=True)
             if (_close_delimited(response, method)
                     and await relay.exited(pid, CLOSE_DELIMITED_GRACE)):
@@ -154,17 +152,15 @@ class UpstreamExchange(AsyncHttpConsumer):
                     response.status_code, sse, started, idle)
                 return False
             await self.send_body(b"")
-            if rec is not None:
-                rec.status_code = response.status_code
-                if response.status_code >= 400:
-                    rec.outcome = outcomes.UPSTREAM_ERROR
-                    rec.error = f"the upstream answered HTTP {response.status_code}"
+            rec.status_code = response.status_code
+            if response.status_code >= 400:
+                rec.outcome = outcomes.UPSTREAM_ERROR
+                rec.error = f"the upstream answered HTTP {response.status_code}"
         except (httpx.TransportError, aiohttp.ClientError) as exc:
             await self.cut_mid_response(proc, model, relay.failure(exc), response.status_code,
                                         sse, started, idle)
         finally:
-            if rec is not None:
-                rec.usage = parser.finish()
+            rec.usage = parser.finish()
             await response.aclose()
         return False
 
@@ -233,8 +229,7 @@ class UpstreamExchange(AsyncHttpConsumer):
                        f"was cut; its log: GET /logs/stream/{model}")
             code = "upstream_died"
         logger.warning("%s", message)
-        if self.rec is not None:
-            self.rec.fail(status, outcome, message)
+        self.rec.fail(status, outcome, message)
         if sse:
             await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
                                  + b"\n\n", more_body=True)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from gpuproxy.observe import metrics
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.states import State
-from scheduling.live import ModelLive
+from scheduling.live import ModelLive, ProxyNotRunning
 
 T = TypeVar("T")
 
@@ -28,6 +28,8 @@ class Control:
         self._loop = loop
 
     def live_models(self) -> dict[str, ModelLive]:
+        if self._loop.is_closed():
+            return {}
         snap = metrics.scheduler_snapshot()
         states = metrics.model_states()
 
@@ -40,20 +42,23 @@ class Control:
                              snap.in_flight.get(m, 0), last_error(m))
                 for m in metrics.configured_models()}
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+    def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]
+                ) -> concurrent.futures.Future[T]:
+        if self._loop.is_closed():  # a proxy that has stopped without detaching
+            raise ProxyNotRunning()
+        return asyncio.run_coroutine_threadsafe(make(), self._loop)
 
     def load(self, model: str) -> concurrent.futures.Future[str]:
-        return self._submit(self._rt.load(model))
+        return self._submit(lambda: self._rt.load(model))
 
     def unload(self, models: list[str]) -> concurrent.futures.Future[None]:
-        return self._submit(self._rt.unload(models))
+        return self._submit(lambda: self._rt.unload(models))
 
     def restart(self, models: list[str]) -> concurrent.futures.Future[None]:
         async def go() -> None:
             self._rt.restart(models)
 
-        return self._submit(go())
+        return self._submit(go)
 
     def reload(self) -> None:
         if not self._loop.is_closed():

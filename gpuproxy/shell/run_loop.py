@@ -98,7 +98,6 @@ class Grant:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._loop.note_serve_done(self.model)
             self._loop.post(ServeDone(self.req, self._loop.now()))
 
 
@@ -115,6 +114,7 @@ class RunLoop:
         self._closed = False
         self._make_scheduler = make_scheduler
         self._swap_times: dict[str, tuple[float, float]] = {}  # model -> last load (start, end)
+        self._unloads: dict[str, int] = {}  # model -> unloads decided so far (see `_swap`)
         self.scheduler = make_scheduler(config, self, None)
         # Test hook: when set, every processed event is put here after its handler ran.
         self.processed: asyncio.Queue[Event] | None = None
@@ -167,6 +167,7 @@ class RunLoop:
                 s.on_swap_done(event)
             case ServeDone():
                 s.on_serve_done(event)
+                self._maybe_idle(event.req)
             case UnloadRequested():
                 s.on_unload(event)
             case UnloadDone():
@@ -208,8 +209,8 @@ class RunLoop:
             self.post(Shutdown(self.now()))
             await self._task
         while not self._events.empty():  # reads posted just before the end: answer them
-            if isinstance(left := self._events.get_nowait(), _Inspect) and not left.answer.done():
-                left.answer.set_exception(ShuttingDown())
+            if isinstance(left := self._events.get_nowait(), _Inspect):
+                left.run(self)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -246,7 +247,6 @@ class RunLoop:
             if waiting.future.done() and not waiting.future.cancelled() \
                     and waiting.future.exception() is None:
                 # granted as we left: give the slot back
-                self.note_serve_done(waiting.future.result())
                 self.post(ServeDone(req, loop.time()))
             else:
                 if not waiting.future.done():
@@ -284,9 +284,10 @@ class RunLoop:
 
     async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
         """Run `read(scheduler, now)` on this loop's task between two events, and return
-        what it returns: the only way code off the loop reads the books as they are."""
-        if self._closed:
-            raise ShuttingDown()
+        what it returns: the only way code off the loop reads the books as they are. Once the
+        loop has ended (or before it started) no event can change them: read them at once."""
+        if self._task is None or self._task.done():
+            return read(self.scheduler, self.now())
         query = _Inspect(read, asyncio.get_running_loop().create_future())
         self._events.put_nowait(query)
         return await query.answer
@@ -314,9 +315,12 @@ class RunLoop:
         return self.upstreams.running_ids()
 
     def start_swap(self, model: str, evict: list[str]) -> None:
-        self._spawn(self._swap(model, evict), f"swap:{model}")
+        self._spawn(self._swap(model, evict, self._unloads.get(model, 0)), f"swap:{model}")
 
-    async def _swap(self, model: str, evict: list[str]) -> None:
+    async def _swap(self, model: str, evict: list[str], unloads: int) -> None:
+        """Evict, then load. `unloads`: the model's unload count when the scheduler started
+        this swap; an unload of the model decided since (before its process exists, or while
+        the evicted ones stop) aborts the load here, since there is no process yet to stop."""
         error: str | None = None
         timed_out = False
         started = self.now()
@@ -325,6 +329,11 @@ class RunLoop:
                 logger.info("loading model %r: unloading %s first", model,
                             ", ".join(repr(m) for m in evict))
                 await asyncio.gather(*(self.upstreams.process(m).stop() for m in evict))
+            if self._unloads.get(model, 0) != unloads:
+                # the words of a start a stop aborted (`Lifecycle._aborted`): the same event
+                raise StartFailed(model, "aborted", "start aborted: stopped while starting "
+                                  "(unloaded before its process was started)",
+                                  summary="start aborted: stopped while starting")
             await self.upstreams.process(model).ensure_ready()
         except StartFailed as exc:
             # What clients read: the details (command line, output) are in the log already.
@@ -346,7 +355,7 @@ class RunLoop:
         if load is not None and load[1] > req.arrived:  # it waited (partly) for this load
             waiting.swap_wait = load[1] - max(load[0], req.arrived)
         waiting.future.set_result(model)
-        self.upstreams.process(model).request_started()
+        self.upstreams.process(model).serving(True)
         if req.dispatch is not None:
             metrics.observe_dispatch(req.dispatch.band, req.dispatch.queue_wait)
         return True
@@ -358,6 +367,8 @@ class RunLoop:
 
     def stop_processes(self, models: Iterable[str], handle: object) -> None:
         models = tuple(models)
+        for m in models:  # a swap to one of them that has not loaded yet sees it (`_swap`)
+            self._unloads[m] = self._unloads.get(m, 0) + 1
         self._spawn(self._stop(models, handle), "unload")
 
     async def _stop(self, models: tuple[str, ...], handle: object) -> None:
@@ -378,11 +389,18 @@ class RunLoop:
         waiting.position = position
         waiting.position_changed.set()
 
-    def note_serve_done(self, model: str) -> None:
-        """Called by the shell when a granted request ends, for the process's TTL clock."""
+    def _maybe_idle(self, req: Request) -> None:
+        """After a granted request's ServeDone: when the scheduler counts none of its model in
+        flight any more, its process may start its idle (TTL) clock. The scheduler's count is
+        the only one (a grant sets the process busy in `grant_serve`)."""
+        waiting = req.handle
+        if not isinstance(waiting, Waiting) or not waiting.future.done() \
+                or waiting.future.cancelled() or waiting.future.exception() is not None:
+            return
+        model = waiting.future.result()
         proc = self.upstreams.existing(model)
-        if proc is not None:
-            proc.request_finished()
+        if proc is not None and self.scheduler.in_flight(model) == 0:
+            proc.serving(False)
 
     # ---- helpers ----------------------------------------------------------------------------
 

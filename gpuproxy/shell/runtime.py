@@ -289,6 +289,8 @@ async def get() -> Runtime:
         return _runtime
     if _starting is not None and _loop is loop:
         return await asyncio.shield(_starting)
+    if _runtime is not None and _runtime.control is not None:  # one made on a loop now gone
+        live.detach(_runtime.control)
     _loop = loop
     _runtime = None
     _starting = loop.create_future()

@@ -326,7 +326,7 @@ class Lifecycle(RunHelpers):
 
     def _ttl_due(self, run: Run) -> float | None:
         """When the idle unload is due, or None when it must not happen now."""
-        if (self._state is not State.READY or run.spec.ttl <= 0 or self._in_flight > 0
+        if (self._state is not State.READY or run.spec.ttl <= 0 or self._busy
                 or self._ready_at is None):
             return None
         return max(self._last_done, self._ready_at, self._last_ensure) + run.spec.ttl
@@ -348,7 +348,7 @@ class Lifecycle(RunHelpers):
             return
         due = self._ttl_due(run)
         if due is None:
-            return  # busy or no longer ready; request_finished reschedules
+            return  # busy or no longer ready; serving(False) reschedules
         now = self._now()
         if now + 0.001 < due:  # activity moved the deadline on
             self._schedule_ttl()

@@ -123,8 +123,9 @@ class UpstreamProcess(Lifecycle):
         return self._last_error
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
+    def busy(self) -> bool:
+        """Whether the scheduler has a request of this model in flight (see `serving`)."""
+        return self._busy
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -171,17 +172,17 @@ class UpstreamProcess(Lifecycle):
         """Use `spec` for the next start; a running process keeps the spec it was started with."""
         self._spec = spec
 
-    def request_started(self) -> None:
-        """Count a request in flight: the TTL never unloads a model that is serving."""
-        self._in_flight += 1
-
-    def request_finished(self) -> None:
-        """Count a request done; the TTL idle time runs from the last of these."""
-        self._in_flight = max(0, self._in_flight - 1)
-        if self._loop is not None:
-            self._last_done = self._loop.time()
-        if self._queue is not None and not self._closed:
-            self._queue.put_nowait(RequestDone())
+    def serving(self, busy: bool) -> None:
+        """The run loop's word on whether a request of this model is in flight. The count is
+        the scheduler's (its `Ledger`), not kept twice: this process only needs to know that
+        the TTL must not unload it now, and when the idle time starts (the last request's end).
+        """
+        was, self._busy = self._busy, busy
+        if was and not busy:
+            if self._loop is not None:
+                self._last_done = self._loop.time()
+            if self._queue is not None and not self._closed:
+                self._queue.put_nowait(RequestDone())
 
     # -- plumbing ---------------------------------------------------------------------------------
 

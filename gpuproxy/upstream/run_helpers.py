@@ -83,9 +83,10 @@ class RunHelpers:
         self._last_ensure = 0.0
         self._ttl_timer: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
-        # Written by request_started/request_finished on the loop thread; the owner reads them
-        # when a TTL timer fires, so an in-flight request is always seen (no queue lag).
-        self._in_flight = 0
+        # Written by `serving()` on the loop thread (the run loop's word: the scheduler counts
+        # requests in flight, we do not); the owner reads it when a TTL timer fires, so an
+        # in-flight request is always seen (no queue lag).
+        self._busy = False
         self._last_done = 0.0
 
     # -- plumbing ---------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from scheduling.core.events import (
     RequestArrived,
     SettingsChanged,
 )
-from scheduling.core.ledger import Ledger, Swap
+from scheduling.core.handover import Swap
+from scheduling.core.ledger import Ledger
 from scheduling.core.priority import band
 
 logger = logging.getLogger("scheduling.fifo")

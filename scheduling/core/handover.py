@@ -20,12 +20,16 @@ class HandoverError(AssertionError):
 
 
 @dataclass
-class SwapState:
-    """A swap started with `Effects.start_swap` whose SwapDone has not arrived."""
+class Swap:
+    """A swap started with `Effects.start_swap` and not yet reported by `SwapDone`: the one
+    record of it, in a scheduler's books (`Ledger._active`) and in a handed-over state."""
 
     target: str
     evict: list[str]
     waiters: list[Request] = field(default_factory=list)  # admitted, waiting for this swap
+    # serial's cache of the best (key, seq) among the waiters; None: stale. fifo never reads
+    # it; whoever changes `waiters` outside serial sets it to None.
+    best: tuple[float, int] | None = None
 
 
 @dataclass
@@ -34,7 +38,7 @@ class SchedulerState:
     a swap's `waiters` or `serving`; each of them holds one admission slot of its model."""
 
     queued: list[Request] = field(default_factory=list)  # admitted, not granted, in any order
-    swaps: list[SwapState] = field(default_factory=list)
+    swaps: list[Swap] = field(default_factory=list)
     serving: dict[Request, str] = field(default_factory=dict)  # granted → model, until ServeDone
     unloading: dict[str, int] = field(default_factory=dict)  # model → unloads not yet done
     shut_down: bool = False

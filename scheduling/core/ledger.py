@@ -9,7 +9,6 @@ supplies".
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Self
 
 from scheduling.core.config import DEFAULT_CONCURRENCY_LIMIT, ModelConfig, SchedulerConfig
@@ -34,21 +33,9 @@ from scheduling.core.events import (
     UnloadDone,
     UnloadRequested,
 )
-from scheduling.core.handover import SchedulerState, SwapState
+from scheduling.core.handover import SchedulerState, Swap
 from scheduling.core.priority import band
 from scheduling.core.stats import SchedulerStats, WaitGauges
-
-
-@dataclass
-class Swap:
-    """A swap started with `Effects.start_swap` and not yet reported by `SwapDone`."""
-
-    target: str
-    evict: list[str]
-    waiters: list[Request] = field(default_factory=list)
-    # serial's cache of the best (key, seq) among the waiters; None: stale. fifo never reads
-    # it; whoever changes `waiters` outside serial sets it to None.
-    best: tuple[float, int] | None = None
 
 
 class InvariantViolation(AssertionError):
@@ -420,7 +407,7 @@ class Ledger:
         them empty and shut down; the policy then clears its own queue structure."""
         state = SchedulerState(
             queued=queued,
-            swaps=[SwapState(s.target, list(s.evict), list(s.waiters))
+            swaps=[Swap(s.target, list(s.evict), list(s.waiters))
                    for s in self._active.values()],
             serving=dict(self._serving),
             unloading=dict(self._unloading),

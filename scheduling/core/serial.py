@@ -35,7 +35,7 @@ from scheduling.core.events import (
     SettingsChanged,
     UnloadRequested,
 )
-from scheduling.core.ledger import Swap
+from scheduling.core.handover import Swap
 from scheduling.core.priority import band
 from scheduling.core.score_queue import ScoreQueue, affinity_bonus_of, aging_divisor_of
 
