@@ -5,6 +5,7 @@ a storm of unloads against waiting loads wedges nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -26,9 +27,9 @@ from tests.test_processes import DEADLINE, fake_spec, wait_for_state
 __all__ = ["no_leftovers"]
 
 
-@pytest.fixture
-async def run_loop(port: int) -> AsyncIterator[RunLoop]:
-    catalog = Catalog(models={"fake": CatalogModel("fake", fake_spec(port))})
+@contextlib.asynccontextmanager
+async def running(catalog: Catalog) -> AsyncIterator[RunLoop]:
+    """A started run loop over `catalog`'s models, shut down (upstreams stopped) at the end."""
 
     async def load() -> Catalog:
         return catalog
@@ -43,6 +44,12 @@ async def run_loop(port: int) -> AsyncIterator[RunLoop]:
     finally:
         await asyncio.wait_for(loop.shutdown(), DEADLINE)
         await asyncio.wait_for(upstreams.shutdown(), DEADLINE)
+
+
+@pytest.fixture
+async def run_loop(port: int) -> AsyncIterator[RunLoop]:
+    async with running(Catalog(models={"fake": CatalogModel("fake", fake_spec(port))})) as loop:
+        yield loop
 
 
 async def next_of(queue: asyncio.Queue[Event], kind: type) -> Event:
@@ -107,21 +114,9 @@ async def test_after_shutdown_acquire_and_unload_answer_at_once(run_loop: RunLoo
 
 @pytest.fixture
 async def ttl_loop(port: int) -> AsyncIterator[RunLoop]:
-    catalog = Catalog(models={"fake": CatalogModel("fake", fake_spec(port, ttl=0.3), parallel=2)})
-
-    async def load() -> Catalog:
-        return catalog
-
-    upstreams = Upstreams(load)
-    await upstreams.refresh()
-    loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
-    loop.processed = asyncio.Queue()
-    loop.start()
-    try:
+    spec = fake_spec(port, ttl=0.3)
+    async with running(Catalog(models={"fake": CatalogModel("fake", spec, parallel=2)})) as loop:
         yield loop
-    finally:
-        await asyncio.wait_for(loop.shutdown(), DEADLINE)
-        await asyncio.wait_for(upstreams.shutdown(), DEADLINE)
 
 
 async def test_the_ttl_waits_for_the_schedulers_in_flight_count(ttl_loop: RunLoop) -> None:
@@ -157,15 +152,8 @@ async def test_unload_everything_stops_a_load_still_evicting(port: int) -> None:
     quick = fake_spec(free_port(), model_id="b")
     catalog = Catalog(models={"a": CatalogModel("a", slow), "b": CatalogModel("b", quick)},
                       groups=(Group("g", frozenset({"a", "b"})),))
-
-    async def load() -> Catalog:
-        return catalog
-
-    upstreams = Upstreams(load)
-    await upstreams.refresh()
-    run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
-    run_loop.start()
-    try:
+    async with running(catalog) as run_loop:
+        upstreams = run_loop.upstreams
         (await asyncio.wait_for(run_loop.acquire("a"), DEADLINE)).release()
         waiter = asyncio.create_task(run_loop.acquire("b"))
         await wait_for_state(upstreams.process("a"), State.STOPPING, timeout=DEADLINE)
@@ -174,6 +162,3 @@ async def test_unload_everything_stops_a_load_still_evicting(port: int) -> None:
             await asyncio.wait_for(waiter, DEADLINE)
         assert failed.value.message.startswith('model "b" start aborted: stopped while starting')
         assert upstreams.running_ids() == []
-    finally:
-        await asyncio.wait_for(run_loop.shutdown(), DEADLINE)
-        await asyncio.wait_for(upstreams.shutdown(), DEADLINE)
