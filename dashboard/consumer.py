@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from gpuproxy.observe import inflight, metrics
+from gpuproxy.observe import inflight, published
 from gpuproxy.observe.history import HISTORY
 from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
@@ -142,7 +142,7 @@ class _Changes:
 
 
 CHANGES = _Changes()
-metrics.on_change(CHANGES.notify)
+published.on_change(CHANGES.notify)
 inflight.on_change(CHANGES.notify)
 
 

@@ -19,8 +19,7 @@ defined model), the three bands, the outcome set and the process states. Never r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -32,11 +31,11 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuproxy.observe import published
 from gpuproxy.observe.history import HISTORY
-from gpuproxy.observe.perf import PerfCollector, PerfMonitor
+from gpuproxy.observe.perf import PerfCollector
 from gpuproxy.upstream.states import State
 from scheduling.core.priority import BANDS
-from scheduling.core.stats import SchedulerStats
 
 # The `state` label's values: the process states, as gpuproxy.upstream spells them.
 MODEL_STATES = tuple(state.value for state in State)
@@ -49,81 +48,6 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 SWAP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
-@dataclass(frozen=True)
-class SchedulerSnapshot:
-    """What the run loop publishes after each event. `waiting` maps each band to (depth,
-    `arrived` of its oldest request in the loop's clock, or None); `clock_offset` turns the
-    loop's clock into `time.monotonic()` so a scrape can age the oldest wait itself."""
-
-    waiting: Mapping[str, tuple[int, float | None]]
-    stats: SchedulerStats
-    in_flight: Mapping[str, int]
-    clock_offset: float = 0.0
-    scheduler: str = ""
-    restart_pending: frozenset[str] = frozenset()  # changed definitions, restarted when idle
-
-
-EMPTY = SchedulerSnapshot(waiting={b: (0, None) for b in BANDS}, stats=SchedulerStats(),
-                          in_flight={})
-
-
-@dataclass
-class _Published:
-    """The one mutable cell: an attribute rebinding, atomic under the GIL."""
-
-    scheduler: SchedulerSnapshot = EMPTY
-    models: tuple[str, ...] = ()
-    model_states: dict[str, str] = field(default_factory=dict)
-    perf: PerfMonitor | None = None
-    loop_tasks: int = 0  # asyncio tasks on the server's loop, counted on the loop itself
-
-
-_published = _Published()
-
-
-_listeners: list[Callable[[], None]] = []
-
-
-def on_change(listener: Callable[[], None]) -> None:
-    """Call `listener` (on the event loop) whenever the scheduler or a model changed: the
-    dashboard's cue to refresh."""
-    _listeners.append(listener)
-
-
-def _changed() -> None:
-    for listener in list(_listeners):
-        listener()
-
-
-def publish_scheduler(snapshot: SchedulerSnapshot) -> None:
-    """Called by the run loop (its task only) after every event."""
-    _published.scheduler = snapshot
-    _changed()
-
-
-def scheduler_snapshot() -> SchedulerSnapshot:
-    return _published.scheduler
-
-
-def model_states() -> dict[str, str]:
-    """A copy of each model's last process state (any thread)."""
-    return dict(_published.model_states)
-
-
-def publish_loop_tasks(count: int) -> None:
-    """The number of asyncio tasks on the server's loop (a leak shows as steady growth)."""
-    _published.loop_tasks = count
-
-
-def configured_models() -> tuple[str, ...]:
-    return _published.models
-
-
-def publish_perf_monitor(monitor: PerfMonitor | None) -> None:
-    """The running proxy's performance monitor (one per runtime, bound to its loop)."""
-    _published.perf = monitor
-
-
 class _PerfCollector:
     """The current runtime's monitor's series; nothing when there is none or it is off."""
 
@@ -131,7 +55,7 @@ class _PerfCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        monitor = _published.perf
+        monitor = published.perf_monitor()
         if monitor is not None:
             yield from PerfCollector(monitor).collect()
 
@@ -143,7 +67,7 @@ class SchedulerCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snap = _published.scheduler
+        snap = published.scheduler_snapshot()
         now = time.monotonic()
         depth = GaugeMetricFamily(
             "gpuproxy_queue_depth",
@@ -175,14 +99,14 @@ class SchedulerCollector:
         in_flight = GaugeMetricFamily(
             "gpuproxy_in_flight_requests", "Granted requests not yet finished.",
             labels=["model"])
-        for model in _published.models:
+        for model in published.configured_models():
             in_flight.add_metric([model], snap.in_flight.get(model, 0))
         yield in_flight
         state = GaugeMetricFamily(
             "gpuproxy_model_state", "1 for the model's current process state, 0 for the others.",
             labels=["model", "state"])
-        states = _published.model_states
-        for model in _published.models:
+        states = published.model_states()
+        for model in published.configured_models():
             current = states.get(model, State.STOPPED)
             for s in MODEL_STATES:
                 state.add_metric([model, s], 1 if s == current else 0)
@@ -191,7 +115,7 @@ class SchedulerCollector:
             "gpuproxy_model_restart_pending",
             "1 while the model waits to restart (its definition changed, or an admin asked) "
             "until its requests in flight finish.", labels=["model"])
-        for model in _published.models:
+        for model in published.configured_models():
             pending.add_metric([model], 1 if model in snap.restart_pending else 0)
         yield pending
 
@@ -219,7 +143,7 @@ class ActivityCollector:
         yield GaugeMetricFamily(
             "gpuproxy_event_loop_tasks",
             "asyncio tasks on the server's event loop, counted every few seconds.",
-            value=_published.loop_tasks)
+            value=published.loop_tasks())
         yield CounterMetricFamily(
             "gpuproxy_activity_write_errors",
             "Failed batch writes (each retried with backoff).", value=w.write_errors)
@@ -286,7 +210,7 @@ def observe_request(row: Mapping[str, Any]) -> None:
         n = row[f"{kind}_tokens"]
         if n:
             TOKENS.labels(model, kind).inc(n)
-    _changed()  # the dashboard's Recent activity
+    published.changed()  # the dashboard's Recent activity
 
 
 def upstream_retried(model: str) -> None:
@@ -298,14 +222,11 @@ def model_state_changed(model: str, state: str) -> None:
     their own: anything → failed is a failed start, and ready → stopped without passing
     through stopping is an exit nobody asked for (every requested stop goes through
     stopping)."""
-    states = _published.model_states
-    previous = states.get(model, State.STOPPED)
+    previous = published.set_model_state(model, state)
     if state == State.FAILED and previous != State.FAILED:
         START_FAILURES.labels(model).inc()
     elif state == State.STOPPED and previous == State.READY:
         EXITS.labels(model).inc()
-    states[model] = state
-    _changed()
 
 
 def models_configured(models: Iterable[str]) -> None:
@@ -324,7 +245,7 @@ def models_configured(models: Iterable[str]) -> None:
             TOKENS.labels(m, kind)
         for b in BANDS:
             REQUESTS.labels(m, b, "ok")
-    _published.models = ids
+    published.set_models(ids)
 
 
 _registered = False

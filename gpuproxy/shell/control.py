@@ -12,7 +12,7 @@ import concurrent.futures
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from gpuproxy.observe import metrics
+from gpuproxy.observe import published
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.states import State
 from scheduling.live import ModelLive, ProxyNotRunning
@@ -30,8 +30,8 @@ class Control:
     def live_models(self) -> dict[str, ModelLive]:
         if self._loop.is_closed():
             return {}
-        snap = metrics.scheduler_snapshot()
-        states = metrics.model_states()
+        snap = published.scheduler_snapshot()
+        states = published.model_states()
 
         def last_error(model: str) -> str:
             proc = self._rt.upstream(model)
@@ -40,7 +40,7 @@ class Control:
 
         return {m: ModelLive(states.get(m, State.STOPPED.value), m in snap.restart_pending,
                              snap.in_flight.get(m, 0), last_error(m))
-                for m in metrics.configured_models()}
+                for m in published.configured_models()}
 
     def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]
                 ) -> concurrent.futures.Future[T]:

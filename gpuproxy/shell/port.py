@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from gpuproxy.observe.metrics import SchedulerSnapshot
+    from gpuproxy.observe.published import SchedulerSnapshot
     from gpuproxy.shell.run_loop import Grant, Waiting
     from gpuproxy.upstream.processes import UpstreamProcess
     from scheduling.catalog import Catalog

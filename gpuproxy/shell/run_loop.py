@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuproxy.observe import metrics
+from gpuproxy.observe import metrics, published
 from gpuproxy.shell.upstreams import Upstreams
 from gpuproxy.upstream.processes import StartFailed, State
 from scheduling.core import effects as fx
@@ -191,7 +191,7 @@ class RunLoop:
         """Hand the metrics a fresh, immutable view of the books (O(bands + models)); the
         scrape thread reads only this, never the scheduler."""
         s = self.scheduler
-        metrics.publish_scheduler(metrics.SchedulerSnapshot(
+        published.publish_scheduler(published.SchedulerSnapshot(
             waiting=s.waiting_by_band(),
             stats=s.stats(),
             in_flight={m: n for m in s.config.models if (n := s.in_flight(m))},

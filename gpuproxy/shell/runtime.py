@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from django.db import OperationalError, close_old_connections
 
 from activity.writer import writer as activity_writer
-from gpuproxy.observe import metrics
+from gpuproxy.observe import published
 from gpuproxy.observe.perf import PerfMonitor
 from gpuproxy.shell import instance
 from gpuproxy.shell.control import Control
@@ -148,7 +148,7 @@ class Runtime:
                     await self._reload_wanted.wait()
             told = self._reload_wanted.is_set() or owed
             self._reload_wanted.clear()
-            metrics.publish_loop_tasks(len(asyncio.all_tasks()))
+            published.publish_loop_tasks(len(asyncio.all_tasks()))
             try:
                 if told:
                     await self.reload()
@@ -224,8 +224,8 @@ class Runtime:
     def restart(self, models: Iterable[str]) -> None:
         self.run_loop.restart(models)
 
-    def snapshot(self) -> metrics.SchedulerSnapshot:
-        return metrics.scheduler_snapshot()
+    def snapshot(self) -> published.SchedulerSnapshot:
+        return published.scheduler_snapshot()
 
     async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
         return await self.run_loop.inspect(read)
@@ -266,7 +266,7 @@ class Runtime:
                 logger.error("shutdown: %s did not stop within 5 s of its cancel; going on",
                              task.get_name())
         await self.perf.stop()
-        metrics.publish_perf_monitor(None)
+        published.publish_perf_monitor(None)
         await self.run_loop.shutdown()
         await self.upstreams.shutdown()
         await relay.close()
@@ -302,7 +302,7 @@ async def get() -> Runtime:
         activity_writer().start()
         perf = PerfMonitor(catalog.performance_interval, catalog.performance_monitoring)
         perf.start()
-        metrics.publish_perf_monitor(perf)
+        published.publish_perf_monitor(perf)
         _runtime = Runtime(upstreams, run_loop, perf)
         _runtime.control = Control(_runtime, _runtime.request_reload, loop)
         live.attach(_runtime.control)
