@@ -147,7 +147,8 @@ async def test_unload_everything_stops_a_load_still_evicting(port: int) -> None:
     """Loading `b` must first stop `a`, which takes its time (it ignores SIGTERM). "Unload
     everything" handled meanwhile counts `b` as loading, but `b` has no process yet to stop:
     the load must not go on once `a` is gone. The waiter hears that the start was aborted,
-    and nothing is left running."""
+    nothing is left running, and the unload ends only then: a request made after it loads
+    `b` afresh instead of joining the aborted load."""
     slow = fake_spec(port, "--ignore-sigterm", model_id="a", unload_timeout=1.0)
     quick = fake_spec(free_port(), model_id="b")
     catalog = Catalog(models={"a": CatalogModel("a", slow), "b": CatalogModel("b", quick)},
@@ -162,3 +163,26 @@ async def test_unload_everything_stops_a_load_still_evicting(port: int) -> None:
             await asyncio.wait_for(waiter, DEADLINE)
         assert failed.value.message.startswith('model "b" start aborted: stopped while starting')
         assert upstreams.running_ids() == []
+        (await asyncio.wait_for(run_loop.acquire("b"), DEADLINE)).release()
+        assert upstreams.running_ids() == ["b"]
+
+
+async def test_a_request_after_an_unload_of_a_loading_model_gets_a_fresh_load(
+        port: int) -> None:
+    """`b` is unloaded while its load still waits for `a` to stop. The unload is not over
+    until that load has given up: a request made once the unload has returned waits for a
+    load of its own, and gets it, instead of joining the doomed one and failing with it."""
+    slow = fake_spec(port, "--ignore-sigterm", model_id="a", unload_timeout=1.0)
+    quick = fake_spec(free_port(), model_id="b")
+    catalog = Catalog(models={"a": CatalogModel("a", slow), "b": CatalogModel("b", quick)},
+                      groups=(Group("g", frozenset({"a", "b"})),))
+    async with running(catalog) as run_loop:
+        (await asyncio.wait_for(run_loop.acquire("a"), DEADLINE)).release()
+        doomed = asyncio.create_task(run_loop.acquire("b"))
+        await wait_for_state(run_loop.upstreams.process("a"), State.STOPPING, timeout=DEADLINE)
+        await asyncio.wait_for(run_loop.unload(["b"]), DEADLINE)
+        later = await asyncio.wait_for(run_loop.acquire("b"), DEADLINE)
+        later.release()
+        with pytest.raises(SwapFailed):
+            await asyncio.wait_for(doomed, DEADLINE)
+        assert run_loop.upstreams.running_ids() == ["b"]

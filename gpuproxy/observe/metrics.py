@@ -227,6 +227,7 @@ def model_state_changed(model: str, state: str) -> None:
         START_FAILURES.labels(model).inc()
     elif state == State.STOPPED and previous == State.READY:
         EXITS.labels(model).inc()
+    published.changed()
 
 
 def models_configured(models: Iterable[str]) -> None:

@@ -103,10 +103,9 @@ def loop_tasks() -> int:
 
 def set_model_state(model: str, state: str) -> str:
     """Record a process's new state (its owner's on_state hook, via metrics); returns the
-    previous one, and wakes the listeners."""
+    previous one. The caller wakes the listeners (`changed()`) once it has counted it."""
     previous = _cell.model_states.get(model, State.STOPPED)
     _cell.model_states[model] = state
-    changed()
     return previous
 
 

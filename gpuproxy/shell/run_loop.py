@@ -12,13 +12,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from gpuproxy.observe import metrics, published
 from gpuproxy.shell.upstreams import Upstreams
-from gpuproxy.upstream.processes import StartFailed, State
+from gpuproxy.upstream.processes import StartFailed, State, UpstreamProcess
 from scheduling.core import effects as fx
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.effects import Scheduler
@@ -115,6 +115,7 @@ class RunLoop:
         self._make_scheduler = make_scheduler
         self._swap_times: dict[str, tuple[float, float]] = {}  # model -> last load (start, end)
         self._unloads: dict[str, int] = {}  # model -> unloads decided so far (see `_swap`)
+        self._swaps: dict[str, asyncio.Task[None]] = {}  # model -> its load in progress
         self.scheduler = make_scheduler(config, self, None)
         # Test hook: when set, every processed event is put here after its handler ran.
         self.processed: asyncio.Queue[Event] | None = None
@@ -166,8 +167,10 @@ class RunLoop:
             case SwapDone():
                 s.on_swap_done(event)
             case ServeDone():
-                s.on_serve_done(event)
-                self._maybe_idle(event.req)
+                try:
+                    s.on_serve_done(event)
+                finally:  # even past a scheduler bug: the process must not stay busy forever
+                    self._maybe_idle(event.req)
             case UnloadRequested():
                 s.on_unload(event)
             case UnloadDone():
@@ -285,7 +288,8 @@ class RunLoop:
     async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
         """Run `read(scheduler, now)` on this loop's task between two events, and return
         what it returns: the only way code off the loop reads the books as they are. Once the
-        loop has ended (or before it started) no event can change them: read them at once."""
+        loop has ended (after Shutdown, or before it started) nothing changes them any more:
+        they are read at once, as they were left."""
         if self._task is None or self._task.done():
             return read(self.scheduler, self.now())
         query = _Inspect(read, asyncio.get_running_loop().create_future())
@@ -315,7 +319,11 @@ class RunLoop:
         return self.upstreams.running_ids()
 
     def start_swap(self, model: str, evict: list[str]) -> None:
-        self._spawn(self._swap(model, evict, self._unloads.get(model, 0)), f"swap:{model}")
+        task = self._spawn(self._swap(model, evict, self._unloads.get(model, 0)),
+                           f"swap:{model}")
+        self._swaps[model] = task
+        task.add_done_callback(lambda t: self._swaps.pop(model, None)
+                               if self._swaps.get(model) is t else None)
 
     async def _swap(self, model: str, evict: list[str], unloads: int) -> None:
         """Evict, then load. `unloads`: the model's unload count when the scheduler started
@@ -330,6 +338,8 @@ class RunLoop:
                             ", ".join(repr(m) for m in evict))
                 await asyncio.gather(*(self.upstreams.process(m).stop() for m in evict))
             if self._unloads.get(model, 0) != unloads:
+                logger.info("loading model %r: aborted, it was unloaded while %s stopped",
+                            model, ", ".join(repr(m) for m in evict) or "nothing")
                 # the words of a start a stop aborted (`Lifecycle._aborted`): the same event
                 raise StartFailed(model, "aborted", "start aborted: stopped while starting "
                                   "(unloaded before its process was started)",
@@ -372,13 +382,20 @@ class RunLoop:
         self._spawn(self._stop(models, handle), "unload")
 
     async def _stop(self, models: tuple[str, ...], handle: object) -> None:
+        # Loads of these models in progress: the stops below abort one already starting, and
+        # one still evicting aborts itself (`_swap`). The unload is done when they have ended:
+        # until its UnloadDone the models stay held, so a request arriving meanwhile queues
+        # for a fresh load instead of joining the doomed one.
+        loads = [t for m in models if (t := self._swaps.get(m)) is not None and not t.done()]
         try:
             procs = [p for m in models if (p := self.upstreams.existing(m)) is not None]
-            by_timeout: dict[float, list] = {}
+            by_timeout: dict[float, list[UpstreamProcess]] = {}
             for p in procs:  # smallest unload timeout first, llama-swap's order
                 by_timeout.setdefault(p.spec.unload_timeout, []).append(p)
             for timeout in sorted(by_timeout):
                 await asyncio.gather(*(p.stop() for p in by_timeout[timeout]))
+            if loads:
+                await asyncio.wait(loads)
         finally:
             self.post(UnloadDone(models, self.now()))
             if isinstance(handle, asyncio.Future) and not handle.done():
@@ -404,7 +421,8 @@ class RunLoop:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _spawn(self, coro, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
