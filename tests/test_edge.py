@@ -328,3 +328,38 @@ def test_a_static_traversal_names_no_install_path(proxy, path):
     assert b"/etc/passwd" not in a.body, a
     if a.status == 400:
         envelope(a, 400, "bad_request")
+
+
+class _Headers:
+    def __init__(self, headers: dict[bytes, bytes]) -> None:
+        self.headers = headers
+
+    def getRawHeaders(self, name: bytes) -> list[bytes] | None:
+        value = self.headers.get(name)
+        return [value] if value is not None else None
+
+
+class _Request:
+    def __init__(self, headers: dict[bytes, bytes]) -> None:
+        self.requestHeaders = _Headers(headers)
+
+
+def test_before_the_runtime_exists_the_edge_knows_the_admin_keys_read_at_start(monkeypatch):
+    """Connections (and /health) are answered before the runtime is built: an ordinary key's
+    upload to an admin path is refused on its head then too, from the ranks read at start
+    (it used to pass, and the application then waited for a body the client never sent)."""
+    from gpuproxy.proxy import edge
+
+    user, admin = "sk-user", "sk-admin"
+    digest = {k: hashlib.sha256(k.encode()).hexdigest() for k in (user, admin)}
+    monkeypatch.setattr(edge.limits, "keys_at_start", {digest[user]: "u", digest[admin]: "a"})
+    monkeypatch.setattr(edge.limits, "admin_keys_at_start", frozenset({digest[admin]}),
+                        raising=False)
+    keys, admin_keys = edge._keys()  # no runtime in this process
+    path = "/api/models/load/solo"
+
+    refused = edge._key_refusal(_Request({b"authorization": f"Bearer {user}".encode()}), path,
+                                keys, admin_keys)
+    assert refused is not None and (refused.status, refused.code) == (403, "admin_key_required")
+    assert edge._key_refusal(_Request({b"authorization": f"Bearer {admin}".encode()}), path,
+                             keys, admin_keys) is None

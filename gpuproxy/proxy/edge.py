@@ -61,9 +61,11 @@ _REASONS = {400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
 class Limits:
     body_bytes = 32 * 1024 * 1024
     header_timeout = 30.0
-    # The key hashes read at start, for the moments before the runtime (and its catalog,
-    # which follows later changes) exists: connections are accepted before it is built.
+    # The key hashes and the admin ones read at start, for the moments before the runtime
+    # (and its catalog, which follows later changes) exists: connections are accepted, and
+    # /health answers, before it is built.
     keys_at_start: dict[str, str] = {}  # replaced by install(), never mutated
+    admin_keys_at_start: frozenset[str] = frozenset()
 
 
 limits = Limits()
@@ -159,19 +161,19 @@ def _required(path: str) -> str | None:
     return None
 
 
-def _keys() -> tuple[dict[str, str], frozenset[str] | None]:
-    """The key hashes, and the admin ones (None before the runtime exists: the hashes read at
-    start carry no rank, so the application decides that)."""
+def _keys() -> tuple[dict[str, str], frozenset[str]]:
+    """The key hashes and the admin ones: the running catalog's, or those read at start
+    before the runtime exists."""
     from gpuproxy.shell import runtime
 
     rt = runtime.current()
     if rt is None:
-        return limits.keys_at_start, None
+        return limits.keys_at_start, limits.admin_keys_at_start
     return rt.catalog.api_keys, rt.catalog.admin_keys
 
 
 def _key_refusal(request: Any, path: str, keys: dict[str, str],
-                 admin_keys: frozenset[str] | None) -> Refusal | None:
+                 admin_keys: frozenset[str]) -> Refusal | None:
     from gpuproxy.proxy.auth import KeyRefusal, authorize
 
     if not keys:
@@ -183,8 +185,7 @@ def _key_refusal(request: Any, path: str, keys: dict[str, str],
     authorization = (headers.getRawHeaders(b"authorization") or [b""])[0]
     x_api_key = (headers.getRawHeaders(b"x-api-key") or [b""])[0]
     verdict = authorize(authorization.decode("latin-1"), x_api_key.decode("latin-1"), keys,
-                        admin_keys or (), admin=need == ADMIN and admin_keys is not None,
-                        path=path)
+                        admin_keys, admin=need == ADMIN, path=path)
     if isinstance(verdict, KeyRefusal):
         return Refusal(verdict.status, verdict.code, verdict.message, verdict.type,
                        verdict.headers, outcome=outcomes.UNAUTHORIZED)
@@ -465,13 +466,15 @@ def _allow_listen_hosts(endpoints: Any) -> None:
 
 # ---- installing it into Daphne ---------------------------------------------------------------
 
-def install(body_bytes: int, header_timeout: float, keys_at_start: dict[str, str]) -> None:
+def install(body_bytes: int, header_timeout: float, keys_at_start: dict[str, str],
+            admin_keys_at_start: frozenset[str] = frozenset()) -> None:
     """Put the edge into Daphne's HTTP factory and request class (idempotent)."""
     from daphne.http_protocol import HTTPFactory, WebRequest
 
     limits.body_bytes = body_bytes
     limits.header_timeout = header_timeout
     limits.keys_at_start = dict(keys_at_start)
+    limits.admin_keys_at_start = frozenset(admin_keys_at_start)
     if getattr(WebRequest, "_gpuproxy_edge", False):
         return
     HTTPFactory.protocol = _channel_factory

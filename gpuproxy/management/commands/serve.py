@@ -289,8 +289,9 @@ class Command(BaseCommand):
             return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.shutdown()))
 
         quiet_twisted_http()
+        at_start = build_catalog()
         edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
-                     build_catalog().api_keys)
+                     at_start.api_keys, at_start.admin_keys)
         reactor.callWhenRunning(on_running)
         # Twisted's interface stubs take the first argument for self: the call is right.
         reactor.addSystemEventTrigger("before", "shutdown",  # type: ignore[arg-type]
