@@ -131,7 +131,8 @@ class Side:
 
 
 def config_yaml() -> str:
-    """The one config both proxies read: llama-swap's format, one model on the fake."""
+    """The config both proxies read: llama-swap's format, one model on the fake. Each gets
+    its own copy, alike but for `startPort`: both start their upstream at once."""
     return textwrap.dedent(f"""\
         startPort: {free_port()}
         healthCheckTimeout: 60
@@ -141,6 +142,11 @@ def config_yaml() -> str:
             concurrencyLimit: 1000
             parallel: 64
         """)
+
+
+def write_config(path: Path) -> Path:
+    path.write_text(config_yaml())
+    return path
 
 
 def wait_health(side: Side, path: str, log: Path) -> None:
@@ -340,17 +346,15 @@ def main() -> int:
         print("side_by_side: one CPU only: the proxy cannot be pinned apart (figures shared)")
     os.sched_setaffinity(0, other_cpus())  # the client, and the direct upstream it starts
     work = Path(tempfile.mkdtemp(prefix="gpuproxy-side-by-side-"))
-    cfg = work / "config.yaml"
-    cfg.write_text(config_yaml())
     sides: list[Side] = []
     try:
         direct_port = free_port()
         fake = start_fake(direct_port)
         sides.append(Side("direct", direct_port, stop_hooks=[fake.terminate]))
-        sides.append(start_gpuproxy(cfg, work))
+        sides.append(start_gpuproxy(write_config(work / "gpuproxy.yaml"), work))
         binary = None if args.no_llamaswap else llamaswap_binary()
         if binary is not None:
-            sides.append(start_llamaswap(binary, cfg, work))
+            sides.append(start_llamaswap(binary, write_config(work / "llama-swap.yaml"), work))
         for s in sides:
             if s.proc is not None:
                 unpin_children(s.proc.pid)
