@@ -95,11 +95,7 @@ def _queue(sched: Scheduler, now: float) -> dict[str, Any]:
 @api_view(("GET",))
 async def queue(request: HttpRequest) -> HttpResponse:
     """The scheduler's queue, as its owner (the run loop) reads it."""
-    rt = await runtime.port()
-    try:
-        return JsonResponse(await rt.inspect(_queue))
-    except SchedulingError as exc:  # shutting down
-        return scheduling_error(exc)
+    return JsonResponse(await (await runtime.port()).inspect(_queue))
 
 
 async def _unload_everything() -> None:
