@@ -484,7 +484,7 @@ class Profiler:
 # Functions whose inclusive share (samples with them anywhere on the stack) the profile
 # reports: the request path's layers and the known costs found with this bench.
 KEY_FUNCTIONS = [
-    ("ProxyConsumer.relay", "relay: the upstream request and the streaming loop"),
+    ("UpstreamExchange.relay", "relay: the upstream request and the streaming loop"),
     ("AsyncClient.send", "  of which httpx's client layer (send, incl. aiohttp)"),
     ("ClientSession._request", "  of which aiohttp's request"),
     ("Cookies.extract_cookies", "  of which httpx's cookie jar (email header parsing)"),
