@@ -50,6 +50,7 @@ from proxy_overhead import (
     drive,
     fake_command,
     free_port,
+    goal,
     http,
     request_bytes,
     start_fake,
@@ -329,10 +330,6 @@ def report(cases: list[Case], names: list[str], seconds: float, rounds: int) -> 
     goal(errors == 0, f"errors: {errors} (goal 0)")
 
 
-def goal(ok: bool, text: str) -> None:
-    print(f"  {'PASS' if ok else 'GAP '}  {text}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0,
@@ -350,7 +347,7 @@ def main() -> int:
     try:
         direct_port = free_port()
         fake = start_fake(direct_port)
-        sides.append(Side("direct", direct_port, stop_hooks=[fake.terminate]))
+        sides.append(Side("direct", direct_port, stop_hooks=[fake.terminate, fake.wait]))
         sides.append(start_gpuproxy(write_config(work / "gpuproxy.yaml"), work))
         binary = None if args.no_llamaswap else llamaswap_binary()
         if binary is not None:
