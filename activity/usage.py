@@ -112,6 +112,7 @@ class UsageParser:
         self._skip_line = False
         self._data: list[bytes] = []
         self._data_size = 0
+        self._pending = b""  # an unfinished event, skipped so far (`_feed_sse`)
         # JSON state
         self._chunks: list[bytes] = []
         self._size = 0
@@ -140,6 +141,9 @@ class UsageParser:
                 if self._sse:
                     # Lenient about a last event with no blank line after it; a truncated one
                     # simply fails to decode.
+                    if self._pending:
+                        pending, self._pending = self._pending, b""
+                        self._parse_sse(pending)
                     self._cr = False
                     self._end_line()
                     self._dispatch()
@@ -156,14 +160,34 @@ class UsageParser:
     # ------------------------------------------------------------------ SSE
 
     def _feed_sse(self, chunk: bytes) -> None:
-        if (chunk.endswith(b"\n\n") and not (self._cr or self._line or self._data
-                                               or self._skip_line or self._data_size)
-                and b"\r" not in chunk and _MARKERS[0] not in chunk
-                and _MARKERS[1] not in chunk and _MARKERS[2] not in chunk):
-            # Whole events (we are at an event boundary and the chunk ends one), none of
-            # them carrying usage: the token chunks of a stream, nearly every chunk. Three
-            # substring searches instead of a line split per chunk (BENCHMARKS.md).
-            return
+        if not (self._cr or self._line or self._data or self._skip_line or self._data_size):
+            # At an event boundary: the bytes since it (`_pending`, the start of an event
+            # not yet ended) and this chunk. When none of them carries usage, every whole
+            # event in them is skipped unparsed and only the unfinished one is kept: the
+            # token chunks of a stream, nearly every chunk, wherever the reads split them.
+            # Three substring searches instead of a line split per chunk (BENCHMARKS.md).
+            # A read that holds the usage event (often most of a fast stream's events at
+            # once) is parsed from the event boundary before the first marker on.
+            pending = self._pending
+            buf = pending + chunk if pending else chunk
+            self._pending = b""
+            if b"\r" not in buf:
+                first = min((at for at in map(buf.find, _MARKERS) if at >= 0), default=-1)
+                if first < 0:
+                    end = buf.rfind(b"\n\n")
+                    rest = buf[end + 2:] if end >= 0 else buf
+                    if len(rest) <= self._max:
+                        self._pending = rest
+                        return
+                else:
+                    end = buf.rfind(b"\n\n", 0, first)
+                    if end >= 0:
+                        buf = buf[end + 2:]
+            chunk = buf
+        self._parse_sse(chunk)
+
+    def _parse_sse(self, chunk: bytes) -> None:
+        """The line-by-line parser, from wherever the last chunk left it."""
         if self._cr:
             chunk = b"\r" + chunk
             self._cr = False

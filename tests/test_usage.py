@@ -157,6 +157,49 @@ def test_token_chunks_are_not_json_decoded(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(calls) == 1
 
 
+def test_token_events_split_anywhere_are_skipped_unparsed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads split a fast stream's events anywhere (a chunk ends mid-event): the token
+    events are still skipped by substring search, never split into lines; only the event
+    that carries usage is."""
+    lines: list[bytes] = []
+    real = UsageParser._handle_line
+
+    def counting(self: UsageParser, line: bytes) -> None:
+        lines.append(line)
+        real(self, line)
+
+    monkeypatch.setattr(UsageParser, "_handle_line", counting)
+    token = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    body = token * 300 + (b'data: {"choices":[],"usage":{"prompt_tokens":3,'
+                          b'"completion_tokens":300}}\n\ndata: [DONE]\n\n')
+    parser = UsageParser(SSE)
+    for i in range(0, len(body), 97):  # never on an event boundary for long
+        parser.feed(body[i:i + 97])
+    assert parser.finish() == Usage(3, 300, None, None, None)
+    assert len(lines) <= 10, lines[:12]  # the chunks around the usage event only (605 before)
+
+
+def test_a_read_of_many_events_parses_from_the_usage_event_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast upstream's whole stream often arrives in one read with the usage event in it:
+    the token events before it are skipped all the same."""
+    lines: list[bytes] = []
+    real = UsageParser._handle_line
+
+    def counting(self: UsageParser, line: bytes) -> None:
+        lines.append(line)
+        real(self, line)
+
+    monkeypatch.setattr(UsageParser, "_handle_line", counting)
+    token = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":300}}\n\n'
+    parser = UsageParser(SSE)
+    parser.feed(token * 300 + usage + token + b"data: [DONE]\n\n")
+    assert parser.finish() == Usage(3, 300, None, None, None)
+    assert len(lines) == 7, lines  # usage, one token event, [DONE], their blank lines, the end
+
+
 def test_last_values_win_per_field() -> None:
     body = (
         b'data: {"usage":{"prompt_tokens":5,"completion_tokens":1}}\n\n'
