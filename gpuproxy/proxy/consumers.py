@@ -1,12 +1,12 @@
-"""The OpenAI-compatible proxy: a thin Channels consumer that waits for a grant and relays bytes.
+"""The OpenAI-compatible proxy: a thin ASGI app that waits for a grant and relays bytes.
 
 It decides nothing: it reads the request, asks the run loop for the model, and streams the
-upstream's answer back as it arrives. Channels' `AsyncHttpConsumer` awaits `handle()` before
-reading the next ASGI message, so it would never see a client leave (channels#1249,
-`django-stack-notes.md` §2). Here the work runs in a task that `http_disconnect` cancels: the
-cancel reaches whichever await the request is in (queued, loading, waiting for the first byte,
-streaming), which withdraws it from the scheduler or closes the upstream connection, and the
-`finally` releases the slot.
+upstream's answer back as it arrives. A handler that awaited the whole exchange before reading
+the next ASGI message would never see a client leave (Channels' `AsyncHttpConsumer` does that:
+channels#1249, `django-stack-notes.md` §2). Here the work runs in a task that `http_disconnect`
+cancels: the cancel reaches whichever await the request is in (queued, loading, waiting for
+the first byte, streaming), which withdraws it from the scheduler or closes the upstream
+connection, and the `finally` releases the slot.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import time
 from functools import cached_property
 from typing import Any
 
-from channels.consumer import get_handler_name
-from channels.exceptions import StopConsumer
 from django.conf import settings
 
 from activity import outcomes
@@ -93,8 +91,8 @@ def _reasoning_chunk(model: str, text: str) -> dict[str, Any]:
 class ProxyConsumer(UpstreamExchange):
     """One HTTP request to an inference path, `/v1/models`, or `/upstream/...`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
+        super().__init__()
         self._size = 0
         self._task: asyncio.Task | None = None
         self._responded = False
@@ -114,14 +112,6 @@ class ProxyConsumer(UpstreamExchange):
     def headers(self) -> dict[bytes, bytes]:
         """The request headers by lower-case name, built once per request."""
         return dict(self.scope["headers"])
-
-    async def dispatch(self, message: dict) -> None:
-        # Channels closes stale DB connections before every handler, a thread hop per ASGI
-        # message; this path never touches the ORM, so it skips that.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     async def http_request(self, message: dict) -> None:
         if self._task is not None or self._responded:
@@ -158,7 +148,6 @@ class ProxyConsumer(UpstreamExchange):
             rec.fail(CLIENT_CLOSED, outcomes.CANCELLED_QUEUED,
                      "the client closed the connection")
         self.submit_record()
-        raise StopConsumer()
 
     async def _run(self, body: bytes) -> None:
         try:

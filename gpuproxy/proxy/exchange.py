@@ -15,13 +15,13 @@ import time
 
 import aiohttp
 import httpx
-from channels.generic.http import AsyncHttpConsumer
 
 from activity import outcomes
 from activity.record import RequestRecord
 from activity.usage import UsageParser
 from gpuproxy.observe import metrics
 from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.http_app import HttpApp
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream import relay
 from gpuproxy.upstream.processes import State, UpstreamProcess
@@ -39,7 +39,7 @@ CLOSE_DELIMITED_GRACE = 0.25
 EXIT_GRACE = 0.05
 
 
-class UpstreamExchange(AsyncHttpConsumer):
+class UpstreamExchange(HttpApp):
     """The upstream half of ProxyConsumer: attributes below are set by the consumer."""
 
     rec: RequestRecord
@@ -47,6 +47,11 @@ class UpstreamExchange(AsyncHttpConsumer):
     _responded: bool
     _drop: frozenset[bytes]
     _streams: bool
+
+    async def send_json(self, status: int, body: bytes,
+                        headers: list[tuple[bytes, bytes]] | None = None,
+                        outcome: str = "") -> None:
+        raise NotImplementedError  # the consumer's: its answers all carry its headers
 
     async def start_stream(self) -> None:
         self._responded = True
@@ -81,14 +86,12 @@ class UpstreamExchange(AsyncHttpConsumer):
             drop = relay.HOP_BY_HOP
         method = self.scope["method"]
         headers = relay.request_headers(self.scope["headers"], len(body), drop)
-        to = relay.timeout(idle)
         streams = self._streams
-        client = relay.client(fresh=streams and relay.closes_after_streams(model))
         relay.begin_attempt(model, streams)
         started = time.monotonic()
         try:
-            response = await client.send(client.build_request(
-                method, url, headers=headers, content=body, timeout=to), stream=True)
+            response = await relay.send(method, url, headers, body, idle,
+                                        fresh=streams and relay.closes_after_streams(model))
         except (httpx.TransportError, aiohttp.ClientError) as exc:
             fail = relay.failure(exc)
             relay.note_failure(model, fail)
@@ -106,11 +109,9 @@ class UpstreamExchange(AsyncHttpConsumer):
                         "read; sending it once more on a fresh one", model, fail.describe())
             metrics.upstream_retried(model)
             self.rec.upstream_retries += 1
-            client = relay.client(fresh=True)
             relay.begin_attempt(model, streams)
             try:
-                response = await client.send(client.build_request(
-                    method, url, headers=headers, content=body, timeout=to), stream=True)
+                response = await relay.send(method, url, headers, body, idle, fresh=True)
             except (httpx.TransportError, aiohttp.ClientError) as again:
                 fail = relay.failure(again)
                 if requeue and await self.died_unreached(proc, pid, model, fail):
@@ -124,20 +125,21 @@ class UpstreamExchange(AsyncHttpConsumer):
         content_type = response_headers.get("content-type", "")
         sse = content_type.startswith("text/event-stream")
         parser = UsageParser(content_type)
-        if self._responded and response.status_code >= 400:
+        status = response.status_code
+        if self._responded and status >= 400:
             # The wait was reported on a 200 stream; the upstream's error becomes an event.
             detail = (await response.aread())[:2000].decode(errors="replace")
             await response.aclose()
-            await self.stream_error(f"model {model!r} answered HTTP {response.status_code}: "
-                                    f"{detail}", "upstream_error", response.status_code,
-                                    outcomes.UPSTREAM_ERROR)
+            await self.stream_error(f"model {model!r} answered HTTP {status}: {detail}",
+                                    "upstream_error", status, outcomes.UPSTREAM_ERROR)
             return False
         try:
             if not self._responded:
                 self._responded = True
-                await self.send_headers(status=response.status_code,
-                                        headers=relay.response_headers(response_headers))
-            async for chunk in response.aiter_raw():
+                await self.send_headers(status=status, headers=relay.response_headers(
+                    response_headers.raw, content_type))
+            # the transport's stream itself: `aiter_raw` adds only byte counting
+            async for chunk in response.stream:  # type: ignore[union-attr]
                 if rec.first_byte is None:
                     rec.first_byte = time.monotonic()
                 parser.feed(chunk)
@@ -149,16 +151,16 @@ class UpstreamExchange(AsyncHttpConsumer):
                 # it ended because the upstream did, not because the answer was complete.
                 await self.cut_mid_response(proc, model, Failure(
                     relay.CUT, "ended its body by exiting", "close-delimited body"),
-                    response.status_code, sse, started, idle)
+                    status, sse, started, idle)
                 return False
             await self.send_body(b"")
-            rec.status_code = response.status_code
-            if response.status_code >= 400:
+            rec.status_code = status
+            if status >= 400:
                 rec.outcome = outcomes.UPSTREAM_ERROR
-                rec.error = f"the upstream answered HTTP {response.status_code}"
+                rec.error = f"the upstream answered HTTP {status}"
         except (httpx.TransportError, aiohttp.ClientError) as exc:
-            await self.cut_mid_response(proc, model, relay.failure(exc), response.status_code,
-                                        sse, started, idle)
+            await self.cut_mid_response(proc, model, relay.failure(exc), status, sse, started,
+                                        idle)
         finally:
             rec.usage = parser.finish()
             await response.aclose()

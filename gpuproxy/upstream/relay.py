@@ -1,35 +1,40 @@
-"""The upstream HTTP client: one pooled httpx client for all upstreams, timeouts fit for LLMs.
+"""The upstream HTTP client: httpx requests over one pooled aiohttp session for all
+upstreams, timeouts fit for LLMs.
 
 Connect is short (the upstream is local and was just health-checked); the read timeout is per
 socket read, so it bounds the wait for the first token and any silence mid-stream, not the
 length of a generation. Bytes are relayed raw (no decompression, no re-chunking).
 
-The transport is aiohttp's, behind httpx's API (`httpx-aiohttp`): httpx's own transport cost
-1.6-9x more proxy CPU per request here (`bench/upstream_transport.py`, encode/httpx#3215).
+The transport is aiohttp's, behind httpx's transport API (`httpx-aiohttp`): httpx's own
+transport cost 1.6-9x more proxy CPU per request here (`bench/upstream_transport.py`,
+encode/httpx#3215). Requests go straight to the transport (`handle_async_request`), not
+through `AsyncClient.send`: its auth, redirect and cookie layers do nothing a proxy wants and
+cost 40 % of the client's CPU per request (the same bench).
 
 Also here, because they are about the connection, not the request: which connections may be
 reused (`closes_after_streams`, `KEEPALIVE_EXPIRY`), when a request may be sent once more
 (`may_retry`), what a failure was in our own words (`failure`: never an exception's text), and
-no cookie jar at any level.
+no cookie jar.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import re
 import select
 import time
 import weakref
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from http.cookiejar import CookieJar
 
 import aiohttp
 import httpx
-from aiohttp import http_exceptions
+from aiohttp import hdrs, http_exceptions
 from httpx_aiohttp import AiohttpTransport
 
 logger = logging.getLogger("gpuproxy.proxy")
@@ -53,19 +58,11 @@ HOP_BY_HOP = frozenset({
 RESPONSE_DROP = (HOP_BY_HOP - {b"content-length"}) | {b"server", b"x-powered-by"}
 # A passthrough (`/upstream/...`) body that asks for a stream, without parsing it.
 _STREAM_FLAG = re.compile(rb'"stream"\s*:\s*true')
-
-
-class _NoCookies(CookieJar):
-    """Upstreams set no cookies worth keeping, and a proxy must not carry one client's
-    cookies to the next. httpx consults its jar on every request and response, parsing the
-    headers with the `email` package: 5 % of the proxy's CPU per request (BENCHMARKS.md).
-    (aiohttp's own jar, one level down, is a `DummyCookieJar`: see `_session`.)"""
-
-    def add_cookie_header(self, request: object) -> None:
-        return None
-
-    def extract_cookies(self, response: object, request: object) -> None:
-        return None
+# What aiohttp would add of its own: the upstream sees the client's headers, not ours (as
+# llama-swap's Go reverse proxy does). Without it, an `Accept-Encoding` the client never sent
+# would let an upstream compress an answer for a client that cannot read it.
+_SKIP_AUTO_HEADERS = frozenset({hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING, hdrs.ACCEPT})
+_CLOSE = (b"connection", b"close")
 
 
 # The connection the request this task is sending went out on, set by `_Connector.connect`
@@ -102,59 +99,73 @@ class _Connector(aiohttp.TCPConnector):
 
 
 def _session(pooled: bool) -> aiohttp.ClientSession:
-    """aiohttp's session under httpx. No cookie jar: aiohttp's default one would keep a
-    `Set-Cookie` from any upstream and send it on every later request, from every client, to
-    every upstream (they are all `localhost`)."""
+    """No cookie jar: aiohttp's default one would keep a `Set-Cookie` from any upstream and
+    send it on every later request, from every client, to every upstream (they are all
+    `localhost`). trust_env off: a system HTTP proxy must never sit between us and localhost."""
     # aiohttp caps connections at 100 unless told: the scheduler is the real limit.
     connector = (_Connector(limit=10_000, keepalive_timeout=KEEPALIVE_EXPIRY) if pooled
                  else aiohttp.TCPConnector(limit=10_000, force_close=True))
     return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                 trust_env=False)
+                                 trust_env=False, auto_decompress=False,
+                                 skip_auto_headers=_SKIP_AUTO_HEADERS)
 
 
-_clients: dict[bool, httpx.AsyncClient] = {}
-_client_loop: asyncio.AbstractEventLoop | None = None
+_transports: dict[bool, AiohttpTransport] = {}
+_transport_loop: asyncio.AbstractEventLoop | None = None
 
 
-def client(fresh: bool = False) -> httpx.AsyncClient:
-    """The shared client, created lazily for the running loop (its pool belongs to it).
+def transport(fresh: bool = False) -> AiohttpTransport:
+    """The shared transport, created lazily for the running loop (its pool belongs to it).
 
-    `fresh`: a client whose every request has a new connection, closed after its response
-    (`Connection: close`): for the streams of a model that closes after streams
-    (`closes_after_streams`), and for the one retry.
+    `fresh`: one whose every request has a new connection, closed after its response: for
+    the streams of a model that closes after streams (`closes_after_streams`), and for the
+    one retry.
     """
-    global _client_loop
+    global _transport_loop
     loop = asyncio.get_running_loop()
-    if _client_loop is not loop:
-        _clients.clear()
-        _client_loop = loop
-    made = _clients.get(fresh)
+    if _transport_loop is not loop:
+        _transports.clear()
+        _transport_loop = loop
+    made = _transports.get(fresh)
     if made is None:
-        made = _clients[fresh] = httpx.AsyncClient(
-            # trust_env off: a system HTTP proxy must never sit between us and localhost
-            transport=AiohttpTransport(client=lambda: _session(pooled=not fresh),
-                                       trust_env=False),
-            timeout=httpx.Timeout(CONNECT_TIMEOUT, read=READ_TIMEOUT, write=60.0, pool=None),
-            trust_env=False,
-            follow_redirects=False,
-            cookies=_NoCookies(),
-            headers={"connection": "close"} if fresh else None,
-        )
+        made = _transports[fresh] = AiohttpTransport(
+            client=lambda: _session(pooled=not fresh), trust_env=False)
     return made
 
 
-def timeout(idle: float) -> httpx.Timeout:
-    """A request's timeouts with `idle` as the longest silence (first byte or mid-stream)."""
-    return httpx.Timeout(CONNECT_TIMEOUT, read=idle, write=60.0, pool=None)
+@functools.lru_cache(maxsize=64)
+def timeout(idle: float) -> dict[str, float | None]:
+    """A request's timeouts (httpx's `timeout` extension) with `idle` as the longest silence
+    (first byte or mid-stream); no limit on the whole exchange."""
+    return httpx.Timeout(CONNECT_TIMEOUT, read=idle, write=60.0, pool=None).as_dict()
+
+
+async def send(method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes,
+               idle: float, *, fresh: bool = False) -> httpx.Response:
+    """Send one request and return its response once the head has arrived; its body is
+    `response.stream`, read by the caller as it comes. Raises httpx's `TransportError`s
+    with aiohttp's error as their cause (`failure` says what they were)."""
+    if fresh:
+        headers = [*headers, _CLOSE]
+    return await transport(fresh).handle_async_request(httpx.Request(
+        method, _url(url), headers=headers, content=body,
+        extensions={"timeout": timeout(idle)}))
+
+
+@functools.lru_cache(maxsize=1024)
+def _url(url: str) -> httpx.URL:
+    """httpx parses a URL in pure Python, a tenth of its cost per request; a proxy sends the
+    same few (an upstream's base and an inference path) over and over."""
+    return httpx.URL(url)
 
 
 async def close() -> None:
-    global _client_loop
-    if _client_loop is asyncio.get_running_loop():
-        for made in _clients.values():
+    global _transport_loop
+    if _transport_loop is asyncio.get_running_loop():
+        for made in _transports.values():
             await made.aclose()
-    _clients.clear()
-    _client_loop = None
+    _transports.clear()
+    _transport_loop = None
 
 
 def passthrough_streams(body: bytes) -> bool:
@@ -196,7 +207,7 @@ def _learn(model: str, how: str) -> None:
                     "streams get a connection each from now on", model, how)
 
 
-def note_stream_answer(model: str, headers: httpx.Headers) -> None:
+def note_stream_answer(model: str, headers: Mapping[str, str]) -> None:
     """A streamed request's answer arrived: learn the model's server from it."""
     if model not in _closers and headers.get("server", "").startswith(CLOSES_AFTER_STREAMS):
         _learn(model, f"its server is {headers['server']}")
@@ -363,8 +374,9 @@ def request_headers(headers: list[tuple[bytes, bytes]], body_len: int,
     return out
 
 
-def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in headers.raw if k.lower() not in RESPONSE_DROP]
-    if headers.get("content-type", "").startswith("text/event-stream"):
+def response_headers(raw: list[tuple[bytes, bytes]],
+                     content_type: str) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in raw if k.lower() not in RESPONSE_DROP]
+    if content_type.startswith("text/event-stream"):
         out.append((b"x-accel-buffering", b"no"))
     return out
