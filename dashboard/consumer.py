@@ -113,7 +113,7 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
         "models": models,
         "bands": books["bands"],
         "in_flight": inflight.snapshot(),
-        "recent": list(HISTORY.recent),
+        "recent": HISTORY.recent_rows(),
         "history": HISTORY.view(),
     }
 

@@ -30,7 +30,7 @@ class _Minute:
 class History:
     def __init__(self) -> None:
         self._minutes: deque[_Minute] = deque(maxlen=MINUTES)
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self._recent: deque[Mapping[str, Any]] = deque(maxlen=RECENT)
 
     def _bucket(self, now: float) -> _Minute:
         start = int(now // 60 * 60)
@@ -48,7 +48,13 @@ class History:
         self._bucket(time.time() if now is None else now).swaps += 1
 
     def request(self, row: Mapping[str, Any]) -> None:
-        self.recent.appendleft({
+        """Keep the finished row itself (nothing changes it once submitted): it is shaped for
+        the dashboard only when one asks (`recent_rows`), not on every request."""
+        self._recent.appendleft(row)
+
+    def recent_rows(self) -> list[dict[str, Any]]:
+        """The most recent finished requests, newest first, as the dashboard shows them."""
+        return [{
             "request_id": str(row["request_id"]),
             "time": row["finished_at"].isoformat(),
             "model": row["model"] or row["model_requested"],
@@ -60,7 +66,7 @@ class History:
             "queue_wait_ms": row["queue_wait_ms"],
             "ttft_ms": row["ttft_ms"],
             "completion_tokens": row["completion_tokens"],
-        })
+        } for row in list(self._recent)]
 
     def view(self, now: float | None = None) -> dict[str, Any]:
         """Sixty one-minute points ending with the current minute; null where nothing was

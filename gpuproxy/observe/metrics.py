@@ -186,8 +186,21 @@ for _b in BANDS:
     QUEUE_WAIT.labels(_b)
 
 
+# Each labelled series once looked up: `labels()` takes a lock and builds its key on every
+# call, four to five times per request. No series here is ever removed.
+_series: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+
+def _labelled(metric: Any, *labels: str) -> Any:
+    key = (metric, labels)
+    series = _series.get(key)
+    if series is None:
+        series = _series[key] = metric.labels(*labels)
+    return series
+
+
 def observe_dispatch(band: str, queue_wait: float) -> None:
-    QUEUE_WAIT.labels(band).observe(queue_wait)
+    _labelled(QUEUE_WAIT, band).observe(queue_wait)
     HISTORY.dispatch(band, queue_wait)
 
 
@@ -201,15 +214,17 @@ def observe_request(row: Mapping[str, Any]) -> None:
     """One finished activity row (activity/record.py's `row()`)."""
     model = row["model"]
     HISTORY.request(row)
-    REQUESTS.labels(model, row["band"], row["outcome"]).inc()
+    _labelled(REQUESTS, model, row["band"], row["outcome"]).inc()
     if row["duration_ms"] is not None:
-        REQUEST_DURATION.labels(model).observe(row["duration_ms"] / 1000)
+        _labelled(REQUEST_DURATION, model).observe(row["duration_ms"] / 1000)
     if row["ttft_ms"] is not None:
-        TTFT.labels(model).observe(row["ttft_ms"] / 1000)
-    for kind in ("prompt", "completion"):
-        n = row[f"{kind}_tokens"]
-        if n:
-            TOKENS.labels(model, kind).inc(n)
+        _labelled(TTFT, model).observe(row["ttft_ms"] / 1000)
+    n = row["prompt_tokens"]
+    if n:
+        _labelled(TOKENS, model, "prompt").inc(n)
+    n = row["completion_tokens"]
+    if n:
+        _labelled(TOKENS, model, "completion").inc(n)
     published.changed()  # the dashboard's Recent activity
 
 

@@ -251,9 +251,15 @@ class EdgeChannel(http.HTTPChannel):
         if self._refused:
             self._lingering()
             return
-        if self._awaiting_head and self._head_timer is None and not self._handlingRequest:
-            self._head_timer = self.callLater(limits.header_timeout, self._head_timed_out)
         super().dataReceived(data)
+        # Timed only when these bytes left a head unfinished: nearly every request's head
+        # arrives in one read, and a timer set and cancelled per request is two reactor
+        # calls on the hot path. The deadline still counts from (within microseconds of)
+        # the head's first byte.
+        if (self._awaiting_head and self._head_timer is None and not self._handlingRequest
+                and not self._refused and self.transport is not None
+                and not self.transport.disconnecting):
+            self._head_timer = self.callLater(limits.header_timeout, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
