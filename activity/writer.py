@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime as dt
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +46,17 @@ DEFAULT_INTERVAL = 0.25
 MIN_BACKOFF = 0.25
 MAX_BACKOFF = 10.0
 DROP_LOG_EVERY = 1000
+
+# The Python types that PostgreSQL's driver takes for a column as they are (`_params`).
+_DATETIME = (dt.datetime,)
+_PLAIN: dict[str, tuple[type, ...]] = {
+    "CharField": (str,), "TextField": (str,),
+    "IntegerField": (int,), "BigIntegerField": (int,), "SmallIntegerField": (int,),
+    "PositiveIntegerField": (int,), "PositiveSmallIntegerField": (int,),
+    "PositiveBigIntegerField": (int,),
+    "FloatField": (float,), "BooleanField": (bool,), "UUIDField": (uuid.UUID,),
+    "DateTimeField": _DATETIME,
+}
 
 
 def _configured_max_buffer() -> int:
@@ -84,6 +97,7 @@ class ActivityWriter:
         self._char_limits: dict[str, int] | None = None
         self._sql: str | None = None  # the prepared INSERT (see _statement)
         self._copy_sql = ""  # and the COPY of the same columns
+        self._plain: list[tuple[type, ...]] | None = None  # see _params
         self._fields: list[tuple[str, Any]] = []
 
     # ---- counters -----------------------------------------------------------------------
@@ -298,16 +312,34 @@ class ActivityWriter:
 
     def _params(self, row: dict[str, Any], conn, fields: list[tuple[str, Any]]
                 ) -> list[Any]:
-        """A row's values as the database takes them (text cut to its column)."""
+        """A row's values as the database takes them (text cut to its column).
+
+        On PostgreSQL a value already of the column's plain Python type (a str for text, an
+        int for an integer, an aware datetime, a UUID, None where NULL is allowed) goes as it
+        is: it is what `get_db_prep_save` would return, and its call chain per column was
+        half the writer's CPU per row. Anything else, JSON included, takes Django's way."""
         limits = self._limits()
+        plain = self._plain_types(fields) if conn.vendor == "postgresql" else None
         values = []
-        for name, field in fields:
+        for i, (name, field) in enumerate(fields):
             value = row[name] if name in row else field.get_default()
             limit = limits.get(name)
             if limit is not None and isinstance(value, str) and len(value) > limit:
                 value = value[:limit]
+            if plain is not None:
+                kinds = plain[i]
+                if (value is None and field.null) or (
+                        kinds and type(value) in kinds
+                        and (kinds is not _DATETIME or value.tzinfo is not None)):
+                    values.append(value)
+                    continue
             values.append(field.get_db_prep_save(value, conn))
         return values
+
+    def _plain_types(self, fields: list[tuple[str, Any]]) -> list[tuple[type, ...]]:
+        if self._plain is None:
+            self._plain = [_PLAIN.get(field.get_internal_type(), ()) for _, field in fields]
+        return self._plain
 
     def _insert(self, conn, sql: str, params: list[list[Any]]) -> None:
         """A batch in one transaction: on PostgreSQL a `COPY ... FROM STDIN`, whose rows

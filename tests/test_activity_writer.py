@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -117,6 +117,37 @@ async def test_rows_round_trip(make_writer):
         900.5, 45.25, 300.0, 1500.0)
     assert got.user_agent == "x" * 512  # truncated to fit
     assert w.buffered == 0 and w.write_errors == 0
+
+
+async def test_a_batch_round_trips_through_copy(make_writer):
+    """A batch goes to PostgreSQL as one COPY with most values as they are (writer._params):
+    text that COPY must escape, NULLs, JSON, extreme integers and an aware datetime from
+    another zone come back as sent; a row with a value of the wrong type is refused alone."""
+    w = make_writer(interval=3600, batch_size=1000)
+    w.start()
+    t0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    east = datetime(2026, 3, 1, 11, 30, tzinfo=timezone(timedelta(hours=2)))  # = t0
+    tricky = "tab\there\nnewline \\N back\\slash \u00e9\u4e2d \U0001F600 \\."
+    rows = [row(i, received_at=east if i == 3 else t0 + timedelta(seconds=i),
+                error=tricky if i % 2 else "", user_agent=tricky, priority=-(2**62) + i,
+                score=None if i % 3 else 1.5 + i, stream=bool(i % 2),
+                score_parts={"seq": i, "text": tricky} if i % 2 else None,
+                prompt_tokens=None if i % 4 == 0 else i, upstream_retries=i % 3)
+            for i in range(40)]
+    bad = row(99, status_code="two hundred")
+    for r in [*rows[:20], bad, *rows[20:]]:
+        w.submit(r)
+    assert await w.flush(10)
+    assert (w.written, w.rejected) == (40, 1)
+    got = await db(lambda: {g.request_id: g for g in RequestLog.objects.all()})
+    assert len(got) == 40
+    for i, r in enumerate(rows):
+        g = got[r["request_id"]]
+        assert g.received_at == (t0 if i == 3 else t0 + timedelta(seconds=i))
+        assert (g.error, g.user_agent, g.priority, g.score, g.stream, g.score_parts,
+                g.prompt_tokens, g.upstream_retries) == (
+            r["error"], tricky, r["priority"], r["score"], r["stream"], r["score_parts"],
+            r["prompt_tokens"], r["upstream_retries"])
 
 
 async def test_many_rows_few_batches(make_writer, monkeypatch):
