@@ -172,14 +172,15 @@ class UsageParser:
             buf = pending + chunk if pending else chunk
             self._pending = b""
             if b"\r" not in buf:
-                first = min((at for at in map(buf.find, _MARKERS) if at >= 0), default=-1)
-                if first < 0:
+                if (_MARKERS[0] not in buf and _MARKERS[1] not in buf
+                        and _MARKERS[2] not in buf):  # three searches, nearly every chunk
                     end = buf.rfind(b"\n\n")
                     rest = buf[end + 2:] if end >= 0 else buf
                     if len(rest) <= self._max:
                         self._pending = rest
                         return
                 else:
+                    first = min(at for at in map(buf.find, _MARKERS) if at >= 0)
                     end = buf.rfind(b"\n\n", 0, first)
                     if end >= 0:
                         buf = buf[end + 2:]
