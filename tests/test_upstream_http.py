@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -238,6 +239,28 @@ def test_without_proxy_keys_the_clients_authorization_reaches_the_upstream(serve
     with fresh(proxy) as h:
         r = h.post(CHAT, json=chat("plain"), headers={"Authorization": "Bearer upstream-key"})
     assert r.json()["headers"]["authorization"] == "Bearer upstream-key"
+
+
+def test_the_upstream_sees_the_clients_headers_and_none_of_the_proxys(serve):
+    """The proxy adds no header of its own: no `User-Agent` or `Accept` a client did not send,
+    and above all no `Accept-Encoding`, which would let an upstream compress an answer for a
+    client that cannot read it (the bytes are relayed raw)."""
+    proxy = serve(config(plain="--mode echo"))
+    body = json.dumps(chat("plain")).encode()
+    host, port = proxy.base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: " + host.encode()
+                     + b"\r\nContent-Type: application/json\r\nX-Trace: t-1\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+                     b"Connection: close\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    seen = json.loads(payload)["headers"]
+    assert sorted(seen) == ["content-length", "content-type", "host", "x-trace"], seen
+    assert seen["x-trace"] == "t-1"
 
 
 # -- errors say what happened -------------------------------------------------------------------
