@@ -346,13 +346,20 @@ class ActivityWriter:
         psycopg formats in C (an `executemany` of the INSERT dumps every parameter in
         Python: twice the writer's CPU per row, on the GIL the proxy needs); one row, or
         another database, the prepared INSERT."""
-        with transaction.atomic(using=self.using), conn.cursor() as cursor:
-            if conn.vendor == "postgresql" and len(params) > 1:
-                with cursor.cursor.copy(self._copy_sql) as copy:
-                    for values in params:
-                        copy.write_row(values)
-            else:
-                cursor.executemany(sql, params)
+        # A value the database refuses (a NUL in text) is a DataError, and so is a string
+        # the driver cannot encode (a lone surrogate, which JSON can carry): the caller then
+        # isolates the row instead of retrying the batch forever. COPY goes through the
+        # driver's own cursor, so its errors are made Django's here.
+        try:
+            with transaction.atomic(using=self.using), conn.cursor() as cursor:
+                if conn.vendor == "postgresql" and len(params) > 1:
+                    with conn.wrap_database_errors, cursor.cursor.copy(self._copy_sql) as copy:
+                        for values in params:
+                            copy.write_row(values)
+                else:
+                    cursor.executemany(sql, params)
+        except (UnicodeError, ValueError) as exc:
+            raise DataError(f"a value could not be sent: {_one_line(exc)}") from exc
 
     def _write_rows(self, rows: list[dict[str, Any]]) -> int:
         """On the writer's own thread: insert, return the number of rows refused as bad

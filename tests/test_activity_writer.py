@@ -150,6 +150,21 @@ async def test_a_batch_round_trips_through_copy(make_writer):
             r["prompt_tokens"], r["upstream_retries"])
 
 
+@pytest.mark.parametrize("bad", ["nul\x00inside", "lone \ud800 surrogate"])
+async def test_a_value_the_database_refuses_in_a_copy_batch_costs_only_its_row(make_writer, bad):
+    """COPY goes through the driver's own cursor: a refused value must still be a DataError
+    that isolates its row, or the whole batch is retried forever and nothing is written."""
+    w = make_writer(interval=3600, batch_size=1000)
+    w.start()
+    good = [row(i) for i in range(5)]
+    for r in [*good[:2], row(9, error=bad), *good[2:]]:
+        w.submit(r)
+    assert await w.flush(10), "the activity writer is stuck"
+    assert (w.written, w.rejected) == (5, 1)
+    got = await db(lambda: set(RequestLog.objects.values_list("request_id", flat=True)))
+    assert got == {r["request_id"] for r in good}
+
+
 async def test_many_rows_few_batches(make_writer, monkeypatch):
     calls: list[int] = []
     w = make_writer(batch_size=500, interval=0.05)
