@@ -157,11 +157,12 @@ def test_token_chunks_are_not_json_decoded(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(calls) == 1
 
 
-def test_token_events_split_anywhere_are_skipped_unparsed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reads split a fast stream's events anywhere (a chunk ends mid-event): the token
-    events are still skipped by substring search, never split into lines; only the event
-    that carries usage is."""
+TOKEN_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+
+
+@pytest.fixture
+def parsed_lines(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every SSE line the parser splits out and handles, in order."""
     lines: list[bytes] = []
     real = UsageParser._handle_line
 
@@ -170,7 +171,14 @@ def test_token_events_split_anywhere_are_skipped_unparsed(
         real(self, line)
 
     monkeypatch.setattr(UsageParser, "_handle_line", counting)
-    token = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    return lines
+
+
+def test_token_events_split_anywhere_are_skipped_unparsed(parsed_lines: list[bytes]) -> None:
+    """Reads split a fast stream's events anywhere (a chunk ends mid-event): the token
+    events are still skipped by substring search, never split into lines; only the event
+    that carries usage is."""
+    lines, token = parsed_lines, TOKEN_EVENT
     body = token * 300 + (b'data: {"choices":[],"usage":{"prompt_tokens":3,'
                           b'"completion_tokens":300}}\n\ndata: [DONE]\n\n')
     parser = UsageParser(SSE)
@@ -181,18 +189,10 @@ def test_token_events_split_anywhere_are_skipped_unparsed(
 
 
 def test_a_read_of_many_events_parses_from_the_usage_event_on(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        parsed_lines: list[bytes]) -> None:
     """A fast upstream's whole stream often arrives in one read with the usage event in it:
     the token events before it are skipped all the same."""
-    lines: list[bytes] = []
-    real = UsageParser._handle_line
-
-    def counting(self: UsageParser, line: bytes) -> None:
-        lines.append(line)
-        real(self, line)
-
-    monkeypatch.setattr(UsageParser, "_handle_line", counting)
-    token = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    lines, token = parsed_lines, TOKEN_EVENT
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":300}}\n\n'
     parser = UsageParser(SSE)
     parser.feed(token * 300 + usage + token + b"data: [DONE]\n\n")
