@@ -5,9 +5,10 @@ writes them in batches on its own thread, so the database is never on a request'
   Over `max_buffer` rows (env `GPUPROXY_ACTIVITY_BUFFER`, default 100k) the OLDEST row is
   dropped and counted.
 - One task (started with `start()` on the running loop) wakes every `interval` seconds or as
-  soon as `batch_size` rows are buffered, and runs `bulk_create` on a DEDICATED one-thread
-  executor (never asgiref's shared thread-sensitive executor: `django-stack-notes.md` §6),
-  returning the connection to the pool after each batch.
+  soon as `batch_size` rows are buffered, and writes them (a COPY on PostgreSQL, a prepared
+  INSERT elsewhere: `_insert`) on a DEDICATED one-thread executor (never asgiref's shared
+  thread-sensitive executor: `django-stack-notes.md` §6), returning the connection to the
+  pool after each batch.
 - Database down: the batch goes back to the front of the buffer (respecting the cap), the
   error is counted and logged once, and the task retries with exponential backoff
   (0.25 s -> 10 s); once the database answers again everything buffered is written.
@@ -365,8 +366,8 @@ class ActivityWriter:
         """On the writer's own thread: insert, return the number of rows refused as bad
         data (skipped, logged). Connectivity errors propagate (the caller retries).
 
-        One prepared INSERT run with executemany, not the ORM's bulk_create: a fifth of the
-        CPU per row, and this thread shares the GIL with the proxy (BENCHMARKS.md)."""
+        Not the ORM's bulk_create (`_insert`: COPY or a prepared INSERT): a fifth of the CPU
+        per row, and this thread shares the GIL with the proxy (BENCHMARKS.md)."""
         conn = connections[self.using]
         sqlite = conn.vendor == "sqlite"
         if not sqlite:
