@@ -134,6 +134,20 @@ def test_logs_stream_history_then_live(serve):
                 break
 
 
+def test_logs_stream_of_a_model_with_no_lines_yet_answers_at_once(serve):
+    """No history to send (the model never started) is no reason to hold back the head: the
+    client gets its 200 now, then the lines as they come."""
+    proxy = serve(two_models(free_port()))
+    with proxy.http.stream("GET", "/logs/stream/small", timeout=5) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain")
+        with httpx.Client(base_url=proxy.base, trust_env=False, timeout=30) as other:
+            other.post("/api/models/load/small")
+        for line in r.iter_lines():
+            if "fakellm: model small listening" in line:
+                break
+
+
 def test_api_keys_guard_everything_but_health(serve):
     proxy = serve(two_models(free_port(), extra="apiKeys: [sekrit-1]"))
     assert proxy.http.get("/health").status_code == 200

@@ -162,12 +162,10 @@ async def _stream(sources: list[str], history: bool) -> AsyncIterator[bytes]:
     queues = [s.__enter__() for s in subs]
     pumps = [asyncio.ensure_future(_forward(q, queue)) for q in queues]
     try:
-        if history:
-            past = [line for b in buffers for line in b.history()]
-            if past:
-                yield ("\n".join(past) + "\n").encode()
-        else:
-            yield b""
+        # Something at once, history or not: the server sends the head with the first body
+        # chunk, and a model with no lines yet would hold its client without one.
+        past = [line for b in buffers for line in b.history()] if history else []
+        yield ("\n".join(past) + "\n").encode() if past else b""
         while True:
             line = await queue.get()
             yield (line + "\n").encode()
