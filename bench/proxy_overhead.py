@@ -57,6 +57,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc: subprocess.Popen, grace: float = 60) -> None:
+    """SIGTERM (a proxy unloads its upstreams), SIGKILL if it is not gone within `grace`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of `pid` (all its threads, not its children), in seconds."""
     with open(f"/proc/{pid}/stat") as f:
@@ -115,13 +126,7 @@ class Proxy:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         shutil.rmtree(self.work, ignore_errors=True)
 
     def log_tail(self, n: int = 30) -> str:

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from proxy_overhead import (
     http,
     request_bytes,
     start_fake,
+    terminate,
 )
 
 CASES = [("json", 1), ("json", 32), ("sse100", 1), ("sse100", 32)]
@@ -120,13 +120,8 @@ class Side:
         return total
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
         for hook in self.stop_hooks:
             hook()
 
