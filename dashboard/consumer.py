@@ -33,11 +33,9 @@ from urllib.parse import urlsplit
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from gpuproxy.observe import inflight, published
-from gpuproxy.observe.history import HISTORY
 from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
-from gpuproxy.upstream.logbuffer import registry as log_registry
 from gpuproxy.upstream.states import State
 from scheduling.core.effects import Scheduler
 from scheduling.core.errors import SchedulingError
@@ -107,14 +105,15 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
             "restart_needed": model_id in books["restart_pending"],
             "aliases": list(meta.aliases),
         })
+    requests = await rt.requests_view()
     return {
         "time": time.time(),
         "scheduler": books["scheduler"],
         "models": models,
         "bands": books["bands"],
-        "in_flight": inflight.snapshot(),
-        "recent": HISTORY.recent_rows(),
-        "history": HISTORY.view(),
+        "in_flight": requests["in_flight"],
+        "recent": requests["recent"],
+        "history": requests["history"],
     }
 
 
@@ -160,12 +159,17 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         CHANGES.events.add(self._wake)
         self._log_task: asyncio.Task | None = None
         await self.accept()
+        self._watch = await runtime.port()
+        self._watch.watch_changes(True)
         self._sender = asyncio.get_running_loop().create_task(self._send_states())
 
     async def disconnect(self, code: int) -> None:
         wake = getattr(self, "_wake", None)
         if wake is not None:
             CHANGES.events.discard(wake)
+        watched = getattr(self, "_watch", None)
+        if watched is not None:
+            watched.watch_changes(False)
         for task in (getattr(self, "_sender", None), getattr(self, "_log_task", None)):
             if task is not None:
                 task.cancel()
@@ -174,14 +178,17 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_states(self) -> None:
         rt = await runtime.port()
+        busy = False  # requests were in flight at the last state (any process's)
         while True:
-            refresh = BUSY_REFRESH if inflight.snapshot() else IDLE_REFRESH
+            refresh = BUSY_REFRESH if busy else IDLE_REFRESH
             with contextlib.suppress(TimeoutError):  # not wait_for: see runtime._watch
                 async with asyncio.timeout(refresh):
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self.send_json({"type": "state", "state": await state(rt)})
+                now = await state(rt)
+                busy = bool(now["in_flight"])
+                await self.send_json({"type": "state", "state": now})
             except Exception:
                 logger.exception("dashboard: could not send the state")
                 raise
@@ -200,7 +207,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             asyncio.get_running_loop().create_task(self._model_action(rt, action, model))
         elif action == "cancel":
             request_id = str(content.get("request_id", ""))
-            ok = inflight.cancel(request_id)
+            ok = await rt.cancel_request(request_id)
             await self._result("cancel", request_id, ok,
                                "cancelled" if ok else "it is no longer in flight")
         elif action == "logs":
@@ -242,10 +249,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self._log_task = asyncio.get_running_loop().create_task(self._pump_log(name))
 
     async def _pump_log(self, name: str) -> None:
-        buffer = log_registry.get(name)
-        with buffer.subscribe() as queue:
+        rt = await runtime.port()
+        async with rt.log_feed([name], history=True) as (past, queue):
             await self.send_json({"type": "log", "source": name,
-                                  "lines": buffer.history()[-LOG_HISTORY:], "reset": True})
+                                  "lines": past[-LOG_HISTORY:], "reset": True})
             while True:
                 lines = [await queue.get()]
                 await asyncio.sleep(1 / MAX_RATE)  # batch what arrives meanwhile

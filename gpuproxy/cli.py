@@ -9,3 +9,7 @@ def main() -> None:
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":  # `python -m gpuproxy.cli`: how `serve --workers N` starts its processes
+    main()

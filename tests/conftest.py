@@ -117,14 +117,28 @@ class Proxy:
         self.proc = proc
         self.base = base
         self.log = log
+        self.workers = 1  # `serve --workers N`
         self.http = httpx.Client(base_url=base, timeout=60, trust_env=False)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
 
+def _worker_counts() -> list[int]:
+    """`serve --workers N` for each serve-based test: 1 and 2 (one process, and a supervisor
+    with a scheduler process and two request processes); GPUPROXY_TEST_WORKERS=2 (or 1)
+    runs one of them only, when iterating."""
+    raw = os.environ.get("GPUPROXY_TEST_WORKERS", "1,2")
+    return [int(n) for n in raw.split(",")]
+
+
+@pytest.fixture(params=_worker_counts(), ids=lambda n: f"workers{n}")
+def serve_workers(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator:
+def serve(tmp_path: Path, serve_workers: int) -> Iterator:
     started: list[Proxy] = []
 
     def start(config: str, extra_env: dict[str, str] | None = None) -> Proxy:
@@ -139,9 +153,10 @@ def serve(tmp_path: Path) -> Iterator:
                "GPUPROXY_DATA_DIR": str(tmp_path / "data"), **(extra_env or {})}
         proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
-             "--listen", f"127.0.0.1:{port}"],
+             "--listen", f"127.0.0.1:{port}", "--workers", str(serve_workers)],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
         p = Proxy(proc, f"http://127.0.0.1:{port}", log)
+        p.workers = serve_workers
         started.append(p)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -58,7 +58,7 @@ def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View]
                                        f"use {' or '.join(methods)}",
                                   code="method_not_allowed",
                                   headers={"Allow": ", ".join(methods)})
-            catalog = (await runtime.get()).catalog
+            catalog = (await runtime.port()).catalog
             api_request = cast(ApiRequest, request)
             api_request.caller = None
             if catalog.api_keys:

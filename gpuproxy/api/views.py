@@ -5,7 +5,6 @@ other keys) and `/metrics` (`api_view(..., admin=False)`); `/health` needs none.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,8 +15,8 @@ from django.views.decorators.csrf import csrf_exempt
 from gpuproxy.api.decorators import ApiRequest, api_view, json_error
 from gpuproxy.proxy.guard import client_reason
 from gpuproxy.shell import runtime
+from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
-from gpuproxy.upstream.logbuffer import registry as log_registry
 from gpuproxy.upstream.states import State
 from scheduling.core.effects import Scheduler
 from scheduling.core.errors import ModelNotFound, SchedulingError
@@ -132,10 +131,9 @@ def _sources(which: str) -> list[str] | None:
 
 @api_view(("GET",))
 async def logs(request: HttpRequest) -> HttpResponse:
-    sources = _sources("")
-    lines = []
-    for source in sources or []:
-        lines.extend(log_registry.get(source).history())
+    rt = await runtime.port()
+    async with rt.log_feed(_sources("") or [], history=True) as (lines, _):
+        pass
     return HttpResponse("\n".join(lines) + ("\n" if lines else ""),
                         content_type="text/plain; charset=utf-8")
 
@@ -148,41 +146,21 @@ async def logs_stream(request: HttpRequest, which: str = "") -> HttpResponseBase
         return json_error(400, f"no logs for {which!r}: it is not a model id, alias, "
                                "'proxy' or 'upstream'", code="unknown_log_source")
     history = "no-history" not in request.GET
-    response = StreamingHttpResponse(_stream(sources, history),
+    response = StreamingHttpResponse(_stream(await runtime.port(), sources, history),
                                      content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
 
 
-async def _stream(sources: list[str], history: bool) -> AsyncIterator[bytes]:
-    buffers = [log_registry.get(s) for s in sources]
-    queue: asyncio.Queue[str] = asyncio.Queue(1000)
-    subs = [b.subscribe() for b in buffers]
-    queues = [s.__enter__() for s in subs]
-    pumps = [asyncio.ensure_future(_forward(q, queue)) for q in queues]
-    try:
+async def _stream(rt: ProxyPort, sources: list[str], history: bool) -> AsyncIterator[bytes]:
+    async with rt.log_feed(sources, history) as (past, queue):
         # Something at once, history or not: the server sends the head with the first body
         # chunk, and a model with no lines yet would hold its client without one.
-        past = [line for b in buffers for line in b.history()] if history else []
         yield ("\n".join(past) + "\n").encode() if past else b""
         while True:
             line = await queue.get()
             yield (line + "\n").encode()
-    finally:
-        for pump in pumps:
-            pump.cancel()
-        for sub in subs:
-            sub.__exit__(None, None, None)
-
-
-async def _forward(src: asyncio.Queue[str], dst: asyncio.Queue[str]) -> None:
-    while True:
-        line = await src.get()
-        try:
-            dst.put_nowait(line)
-        except asyncio.QueueFull:
-            pass
 
 
 @api_view(("GET",), admin=False)
@@ -192,12 +170,10 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
     the series hold counts and model names, no request's content). Always 200: with
     performance monitoring off the system series are simply absent (llama-swap answers 503
     instead). Rendered on a worker thread so a scrape never holds the event loop; the
-    collectors read only published snapshots."""
-    from prometheus_client import REGISTRY
-    from prometheus_client.exposition import choose_encoder
-
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    body = await asyncio.to_thread(encoder, REGISTRY)
+    collectors read only published snapshots. Under `serve --workers N` it is the whole
+    proxy's, merged by the scheduler process (gpuproxy/observe/exposition.py)."""
+    rt = await runtime.port()
+    body, content_type = await rt.metrics_text(request.headers.get("Accept", ""))
     return HttpResponse(body, content_type=content_type)
 
 

@@ -437,7 +437,7 @@ class ProxyConsumer(UpstreamExchange):
                     await self.send_error(exc)
                 return
             rec.dispatched = time.monotonic()
-            rec.dispatch = grant.req.dispatch
+            rec.dispatch = grant.dispatch
             rec.swap_s = grant.swap_wait
             inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
             try:

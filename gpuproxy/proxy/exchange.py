@@ -22,9 +22,9 @@ from activity.usage import UsageParser
 from gpuproxy.observe import metrics
 from gpuproxy.proxy.errors import error_body
 from gpuproxy.proxy.http_app import HttpApp
-from gpuproxy.shell.port import ProxyPort
+from gpuproxy.shell.port import ProxyPort, UpstreamView
 from gpuproxy.upstream import relay
-from gpuproxy.upstream.processes import State, UpstreamProcess
+from gpuproxy.upstream.processes import State
 from gpuproxy.upstream.relay import Failure
 from scheduling.catalog import CatalogModel
 
@@ -166,7 +166,7 @@ class UpstreamExchange(HttpApp):
             await response.aclose()
         return False
 
-    async def died_unreached(self, proc: UpstreamProcess, pid: int | None, model: str,
+    async def died_unreached(self, proc: UpstreamView, pid: int | None, model: str,
                              fail: Failure) -> bool:
         """Whether the request never reached the upstream because its process had died: the
         connection was refused and the process has exited. Then the scheduler has been told
@@ -178,7 +178,7 @@ class UpstreamExchange(HttpApp):
                     "reach it; the request waits for the restart", model, pid)
         return True
 
-    async def upstream_failed(self, proc: UpstreamProcess, pid: int | None, model: str,
+    async def upstream_failed(self, proc: UpstreamView, pid: int | None, model: str,
                               fail: Failure, idle: float) -> None:
         """No answer came: a 502 that says what happened (or, on a reported wait's 200
         stream, an `error` event)."""
@@ -210,7 +210,7 @@ class UpstreamExchange(HttpApp):
             return
         await self.send_json(502, error_body(message, "upstream_error", code), outcome=outcome)
 
-    async def cut_mid_response(self, proc: UpstreamProcess, model: str, fail: Failure,
+    async def cut_mid_response(self, proc: UpstreamView, model: str, fail: Failure,
                                status: int, sse: bool, started: float, idle: float) -> None:
         """The headers are out and the body broke off. Never a clean end, never a [DONE] the
         upstream did not send: an SSE stream gets an `error` event, then its end; any other

@@ -401,7 +401,7 @@ class ExposureMiddleware:
                 path_class(req.path) == INFERENCE):
             from gpuproxy.shell import runtime
 
-            keys_exist = bool((await runtime.get()).catalog.api_keys)
+            keys_exist = bool((await runtime.port()).catalog.api_keys)
         verdict = decide(req, keys_exist)
         if verdict.status:
             await _answer(send, verdict.status, verdict.code, verdict.message,

@@ -92,7 +92,10 @@ class InstanceLock:
     advisory lock on a connection of its own, watched by `watch()`."""
 
     def __init__(self, data_dir: Path, database: dict[str, Any] | None,
-                 check_every: float = 1.0) -> None:
+                 check_every: float = 1.0, pid: int | None = None) -> None:
+        # The pid a person should look for: this process, or the supervisor of the
+        # scheduler process that holds the lock under `serve --workers N`.
+        self.pid = os.getpid() if pid is None else pid
         self.data_dir = data_dir
         self.database = database  # psycopg connect kwargs, or None (SQLite)
         self.check_every = check_every
@@ -125,7 +128,7 @@ class InstanceLock:
             ) from None
         f.seek(0)
         f.truncate()
-        f.write(str(os.getpid()))
+        f.write(str(self.pid))
         f.flush()
         self._file = f
         if self.database is not None:
@@ -243,7 +246,7 @@ class InstanceLock:
 
     def _lost_message(self, holder: str) -> str:
         return (f"another process took the one-proxy-per-database lock on {self._where()} "
-                f"while this gpuproxy serve (pid {os.getpid()}) had lost its connection: the "
+                f"while this gpuproxy serve (pid {self.pid}) had lost its connection: the "
                 f"lock is held by {holder}. Two schedulers must not drive one GPU: this one "
                 "stops now. If the other is a gpuproxy serve, it carries on; otherwise stop "
                 "what holds the lock and start this one again.")
@@ -287,7 +290,7 @@ class InstanceLock:
         assert self.database is not None
         params = {"connect_timeout": 5, **self.database, **_KEEPALIVE,
                   # who holds the lock, for the message another instance shows
-                  "application_name": f"gpuproxy serve pid {os.getpid()} on "
+                  "application_name": f"gpuproxy serve pid {self.pid} on "
                                       f"{socket.gethostname()}"}
         params["connect_timeout"] = min(int(params["connect_timeout"]), 5)
         return psycopg.connect(**params, autocommit=True)

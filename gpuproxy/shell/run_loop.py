@@ -25,6 +25,7 @@ from scheduling.core.effects import Scheduler
 from scheduling.core.errors import QueueTimeout, SchedulingError, ShuttingDown
 from scheduling.core.events import (
     Cancelled,
+    Dispatch,
     Event,
     ModelExited,
     Request,
@@ -94,6 +95,10 @@ class Grant:
         self.model = model
         self._released = False
         self.swap_wait: float | None = req.handle.swap_wait
+
+    @property
+    def dispatch(self) -> Dispatch | None:
+        return self.req.dispatch
 
     def release(self) -> None:
         if not self._released:

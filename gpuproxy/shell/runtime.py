@@ -25,10 +25,17 @@ from typing import Any, TypeVar
 from django.db import OperationalError, close_old_connections
 
 from activity.writer import writer as activity_writer
-from gpuproxy.observe import published
+from gpuproxy.observe import inflight, published
+from gpuproxy.observe.history import HISTORY
 from gpuproxy.observe.perf import PerfMonitor
 from gpuproxy.shell import instance
 from gpuproxy.shell.control import Control
+from gpuproxy.shell.local import (
+    describe_database,
+    local_log_feed,
+    local_metrics_text,
+    local_requests,
+)
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.shell.run_loop import Grant, RunLoop, Waiting
 from gpuproxy.shell.upstreams import Upstreams
@@ -50,17 +57,22 @@ class DatabaseUnavailable(OperationalError):
     """The database is known to be unreachable: refused without waiting for the pool."""
 
 
+def database_status() -> instance.DatabaseStatus | None:
+    """What the instance lock's check last saw of the database (None: it answers), or, in a
+    request process, what the scheduler process last said of it."""
+    if _hub is not None:
+        from gpuproxy.shell import remote
+
+        rt = remote.current()
+        return rt.db_status if rt is not None else None
+    lock = instance.current()
+    return lock.database_status() if lock is not None else None
+
+
 def database_problem() -> str | None:
     """None while the database answers; else what is wrong, since when, and what that means
     for requests, in words for a person (`/health`, the activity API's 503)."""
-    lock = instance.current()
-    status = lock.database_status() if lock is not None else None
-    if status is None:
-        return None
-    buffered = activity_writer().buffered
-    return (f"database unreachable since {status.since.isoformat().replace('+00:00', 'Z')} "
-            f"({status.detail}); requests are served, activity rows are buffered "
-            f"({buffered} waiting)")
+    return describe_database(database_status())
 
 
 async def run_db(fn: Callable[[], T]) -> T:
@@ -112,6 +124,9 @@ class Runtime:
         self._listener: asyncio.Task | None = None
         self._reload_wanted = asyncio.Event()
         self.control: Control | None = None  # attached to scheduling.live while running
+        # Called after every reload with the new catalog (the scheduler process's hub sends
+        # it to the request processes).
+        self.on_catalog: list[Callable[[Catalog], None]] = []
 
     def request_reload(self) -> None:
         """Re-read the definitions now: a save was committed (in this process, or announced
@@ -224,9 +239,6 @@ class Runtime:
     def restart(self, models: Iterable[str]) -> None:
         self.run_loop.restart(models)
 
-    def snapshot(self) -> published.SchedulerSnapshot:
-        return published.scheduler_snapshot()
-
     async def inspect(self, read: Callable[[Scheduler, float], T]) -> T:
         return await self.run_loop.inspect(read)
 
@@ -239,6 +251,25 @@ class Runtime:
     def running(self) -> list[dict[str, Any]]:
         return self.upstreams.running()
 
+    def log_feed(self, sources: list[str], history: bool) -> contextlib.AbstractAsyncContextManager[
+            tuple[list[str], asyncio.Queue[str]]]:
+        return local_log_feed(sources, history)
+
+    async def metrics_text(self, accept: str) -> tuple[bytes, str]:
+        return await local_metrics_text(accept)
+
+    async def requests_view(self) -> dict[str, Any]:
+        return {**local_requests(), "history": HISTORY.view()}
+
+    async def cancel_request(self, request_id: str) -> bool:
+        return inflight.cancel(request_id)
+
+    def watch_changes(self, on: bool) -> None:
+        pass  # the run loop publishes in this very process
+
+    def database_problem(self) -> str | None:
+        return database_problem()
+
     # ---- the rest is the shell's own ------------------------------------------------------
 
     async def reload(self) -> None:
@@ -248,6 +279,8 @@ class Runtime:
         # idle: nothing in flight is cut off.
         self.run_loop.settings_changed(catalog.scheduler_config())
         self.perf.configure(catalog.performance_monitoring, catalog.performance_interval)
+        for listener in self.on_catalog:
+            listener(catalog)
 
     async def drain(self) -> None:
         """The start of a graceful stop: every queued or loading request is answered 503
@@ -279,6 +312,15 @@ class Runtime:
 _runtime: Runtime | None = None
 _loop: asyncio.AbstractEventLoop | None = None
 _starting: asyncio.Future[Runtime] | None = None
+# Set in a request process of `serve --workers N`: the scheduler process's socket. The edge's
+# `port()` is then a RemoteRuntime (gpuproxy/shell/remote.py), and no run loop lives here.
+_hub: str | None = None
+
+
+def use_scheduler_process(path: str) -> None:
+    """Make this a request process: the scheduler lives in another process, at `path`."""
+    global _hub
+    _hub = path
 
 
 async def get() -> Runtime:
@@ -316,12 +358,21 @@ async def get() -> Runtime:
 
 
 async def port() -> ProxyPort:
-    """The running proxy as the edge sees it: `get()`, held to the ProxyPort protocol."""
+    """The running proxy as the edge sees it: `get()`, held to the ProxyPort protocol, or in
+    a request process the scheduler process's client."""
+    if _hub is not None:
+        from gpuproxy.shell import remote
+
+        return await remote.get(_hub)
     return await get()
 
 
-def current() -> Runtime | None:
-    """The runtime if one was created in the running loop (for advisory reads)."""
+def current() -> ProxyPort | None:
+    """The running proxy if one was created in the running loop (for advisory reads)."""
+    if _hub is not None:
+        from gpuproxy.shell import remote
+
+        return remote.current()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -339,15 +390,24 @@ async def _finish_starting(within: float = 30.0) -> None:
 
 async def drain() -> None:
     """Answer every waiter, let work in flight go on (see `Runtime.drain`); safe when nothing
-    was started."""
+    was started. A request process has no waiters of its own: the scheduler process drains
+    them (the supervisor signals both)."""
+    if _hub is not None:
+        return
     await _finish_starting()
     if _runtime is not None:
         await _runtime.drain()
 
 
 async def shutdown() -> None:
-    """Answer every waiter and stop every upstream; safe when nothing was started."""
+    """Answer every waiter and stop every upstream; safe when nothing was started. A request
+    process closes its link to the scheduler process and writes its activity rows."""
     global _runtime, _loop, _starting
+    if _hub is not None:
+        from gpuproxy.shell import remote
+
+        await remote.shutdown()
+        return
     await _finish_starting()
     runtime, _runtime, _loop, _starting = _runtime, None, None, None
     if runtime is not None:

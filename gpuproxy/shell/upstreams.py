@@ -21,10 +21,6 @@ from scheduling.catalog import Catalog
 logger = logging.getLogger("gpuproxy.shell.upstreams")
 
 
-def _state_changed(model_id: str, state: State) -> None:
-    metrics.model_state_changed(model_id, state.value)
-
-
 class Upstreams:
     def __init__(self, load_catalog: Callable[[], Awaitable[Catalog]],
                  records: ProcessRecords | None = None) -> None:
@@ -36,6 +32,8 @@ class Upstreams:
         # stop, TTL); the run loop sets it to post ModelExited, so the scheduler learns it
         # from an event instead of reading process states.
         self.on_exit: Callable[[str], None] | None = None
+        # Called after any process changed state (the hub tells the request processes).
+        self.on_state: list[Callable[[], None]] = []
 
     async def refresh(self) -> tuple[Catalog, list[str]]:
         """Re-read the definitions. Returns the catalog and the models that were removed
@@ -56,9 +54,14 @@ class Upstreams:
         if proc is None:
             spec = self.catalog.models[model_id].spec
             proc = self._processes[model_id] = UpstreamProcess(
-                spec, log_registry.get(model_id), on_state=_state_changed,
+                spec, log_registry.get(model_id), on_state=self._state_changed,
                 records=self._records, on_exit=self._exited)
         return proc
+
+    def _state_changed(self, model_id: str, state: State) -> None:
+        metrics.model_state_changed(model_id, state.value)
+        for listener in self.on_state:
+            listener()
 
     def _exited(self, model_id: str) -> None:
         if self.on_exit is not None:

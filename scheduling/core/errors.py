@@ -103,3 +103,19 @@ class ShuttingDown(SchedulingError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "5"}
+
+
+class SchedulerUnavailable(SchedulingError):
+    """`serve --workers N`: the scheduler process is gone (it is being restarted), so no
+    grant can come. A waiting request gets this, never a replay."""
+
+    status = 503
+    code = "scheduler_unavailable"
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__("gpuproxy's scheduler process is restarting; the models it ran were "
+                         "stopped with it; retry shortly")
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "2"}

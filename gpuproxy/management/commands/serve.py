@@ -17,10 +17,13 @@ lock went to another instance (gpuproxy/shell/instance.py).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,16 @@ async def preload(models: list[str]) -> None:
             logger.info("preloaded model %r", loaded)
 
 
+async def linked(ready_fd: int | None) -> None:
+    """A request process: reach the scheduler process, then tell the supervisor it is ready."""
+    from gpuproxy.shell import runtime
+
+    await runtime.port()
+    if ready_fd is not None:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
+
+
 def quiet_twisted_http() -> None:
     """Two things Twisted does per request that nobody here reads: it parses every
     form-encoded or multipart body on the event loop (a 10 MiB upload blocked it for 241 ms;
@@ -100,6 +113,23 @@ def quiet_twisted_http() -> None:
     WebRequest.__init__ = init
     WebRequest._gpuproxy_quiet = True
     HTTPFactory.log = lambda self, request: None
+
+
+def _endpoint(reactor: Any, description: str) -> Any:
+    """Daphne's endpoint parser, plus `adopt:FILENO:FAMILY`: a listening socket inherited from
+    the supervisor (`--workers N`). Twisted has an endpoint for it but no string syntax, and
+    Daphne reads its endpoints only as strings."""
+    import socket
+
+    from twisted.internet.endpoints import AdoptedStreamServerEndpoint, serverFromString
+
+    if description.startswith("adopt:"):
+        _, fileno, family = description.split(":")
+        return AdoptedStreamServerEndpoint(reactor, int(fileno), getattr(socket, "AF_" + family))
+    return serverFromString(reactor, description)
+
+
+daphne.server.serverFromString = _endpoint  # type: ignore[attr-defined]
 
 
 class ProxyServer(daphne.server.Server):
@@ -246,15 +276,88 @@ class Command(BaseCommand):
                             help="HOST:PORT to listen on (default 127.0.0.1:8080)")
         parser.add_argument("--no-migrate", action="store_true",
                             help="do not apply database migrations at start")
+        parser.add_argument("--workers", type=int, default=None,
+                            help="request processes behind one scheduler process (default: 1 "
+                                 "on a box of at most 2 cores or on SQLite, else one per core, "
+                                 "at most 8)")
+        # How `--workers N` starts its own processes (gpuproxy/management/workers.py).
+        parser.add_argument("--role", choices=("scheduler", "worker"), help=argparse.SUPPRESS)
+        parser.add_argument("--hub", help=argparse.SUPPRESS)
+        parser.add_argument("--fd", help=argparse.SUPPRESS)
+        parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     def handle(self, *args, **options) -> None:
+        from django.db import connections
+
+        from gpuproxy.management import workers as multi
+
         host, port = parse_listen(options["listen"])
+        if options["role"] == "scheduler":
+            self.scheduler_process(Path(options["hub"]), options["ready_fd"])
+            return
+        if options["role"] == "worker":
+            self.serve_requests(host, port, None, hub=options["hub"], fd=options["fd"],
+                                ready_fd=options["ready_fd"])
+            return
+        sqlite = connections["default"].vendor == "sqlite"
+        count = options["workers"]
+        if count is None:
+            count = multi.default_workers(os.cpu_count(), sqlite)
+        if count < 1:
+            raise CommandError(f"--workers {count}: give 1 or more request processes")
+        if count > 1 and sqlite:
+            raise CommandError(f"--workers {count} needs PostgreSQL (DATABASE_URL): SQLite "
+                               "takes one writer at a time. Use --workers 1 on SQLite.")
         lock = self.lock_instance()
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         if options["config"]:
             self.import_config(options["config"])
+        if count == 1:
+            self.serve_requests(host, port, lock)
+            return
+        self.supervise(host, port, count, lock)
 
+    def supervise(self, host: str, port: int, count: int, lock: InstanceLock) -> None:
+        from django.conf import settings
+
+        from gpuproxy.management.workers import Supervisor, listening_socket
+
+        try:
+            sock = listening_socket(host, port)
+        except OSError as exc:
+            lock.release()
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. Stop "
+                               "what holds the port, or pass another --listen HOST:PORT."
+                               ) from None
+        # The scheduler process takes the lock itself; this one only made sure it was free.
+        lock.release()
+        hub = settings.DATA_DIR / "scheduler.sock"
+        supervisor = Supervisor(host, port, sock, count, hub, settings.GPUPROXY_SHUTDOWN_GRACE)
+        supervisor.run()
+        if supervisor.failure is not None:
+            raise CommandError(supervisor.failure)
+        logger.info("gpuproxy stopped")
+
+    def scheduler_process(self, hub: Path, ready_fd: int) -> None:
+        from gpuproxy.management.workers import LOCK_EXIT, run_scheduler
+        from scheduling.models import ProxySettings
+
+        try:
+            lock = self.lock_instance(pid=os.getppid())
+        except CommandError as exc:
+            self.stderr.write(f"CommandError: {exc}")
+            sys.exit(LOCK_EXIT)
+        models = list(ProxySettings.load().preload)
+        code = run_scheduler(hub, ready_fd, lock, lambda: preload(models))
+        if code:
+            sys.exit(code)
+
+    def serve_requests(self, host: str, port: int, lock: InstanceLock | None,
+                       hub: str | None = None, fd: str | None = None,
+                       ready_fd: int | None = None) -> None:
+        """Daphne, with the run loop in this process (`lock` held) or, as a request process
+        of `--workers N`, a client of the scheduler process at `hub` accepting on `fd`."""
         from django.conf import settings
         from twisted.internet import defer, reactor
 
@@ -263,8 +366,9 @@ class Command(BaseCommand):
         from scheduling.catalog_db import build_catalog
         from scheduling.models import ProxySettings
 
-        left = runtime.upstream_records().sweep()
-        if left:
+        if hub is not None:
+            runtime.use_scheduler_process(hub)
+        elif (left := runtime.upstream_records().sweep()):
             logger.warning("stopped %d upstream(s) left running by an earlier crash: %s",
                            len(left), ", ".join(left))
 
@@ -277,19 +381,27 @@ class Command(BaseCommand):
             # collector's full passes, whose pauses otherwise set the p99 (BENCHMARKS.md).
             gc.collect()
             gc.freeze()
-            logger.info("gpuproxy listening on http://%s:%d", host, port)
             stopping.install()
-            lock.watch(stopping.fail)
-            task = asyncio.ensure_future(start(preload_list))
+            if lock is not None:
+                logger.info("gpuproxy listening on http://%s:%d", host, port)
+                lock.watch(stopping.fail)
+                task = asyncio.ensure_future(start(preload_list))
+            else:
+                task = asyncio.ensure_future(linked(ready_fd))
             background.add(task)
             task.add_done_callback(background.discard)
 
         def before_shutdown() -> defer.Deferred:
-            logger.info("gpuproxy stopping: unloading upstreams")
+            if lock is not None:
+                logger.info("gpuproxy stopping: unloading upstreams")
             return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.shutdown()))
 
         quiet_twisted_http()
         at_start = build_catalog()
+        if fd is not None:
+            endpoints = [f"adopt:{fd}"]
+        else:
+            endpoints = [endpoint_for(host, port)]
         edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
                      at_start.api_keys, at_start.admin_keys)
         reactor.callWhenRunning(on_running)
@@ -298,7 +410,7 @@ class Command(BaseCommand):
                                       before_shutdown)
         server = ProxyServer(
             application=application,
-            endpoints=[endpoint_for(host, port)],
+            endpoints=endpoints,
             signal_handlers=True,
             action_logger=None,
             # Never cut long streams: an inference can take minutes (stack notes §3).
@@ -310,16 +422,19 @@ class Command(BaseCommand):
             server_name="gpuproxy",
         )
         server.run()
-        lock.release()
+        if lock is not None:
+            lock.release()
         if server.listen_failure is not None:
             raise CommandError(f"cannot listen on {host}:{port}: {server.listen_failure}. Stop "
                                "what holds the port, or pass another --listen HOST:PORT.")
         if stopping.failure is not None:
             raise CommandError(stopping.failure)
-        logger.info("gpuproxy stopped")
+        logger.info("gpuproxy stopped" if lock is not None else
+                    f"request process {os.getpid()} stopped")
 
-    def lock_instance(self) -> InstanceLock:
-        """One proxy per data dir and per database: refuse to start beside another."""
+    def lock_instance(self, pid: int | None = None) -> InstanceLock:
+        """One proxy per data dir and per database: refuse to start beside another. `pid`:
+        the process to name as its holder (the supervisor, for the scheduler process)."""
         from django.conf import settings
         from django.db import connections
 
@@ -327,7 +442,8 @@ class Command(BaseCommand):
 
         params = (own_connection_params() if connections["default"].vendor == "postgresql"
                   else None)
-        lock = InstanceLock(settings.DATA_DIR, params, check_every=settings.GPUPROXY_LOCK_CHECK)
+        lock = InstanceLock(settings.DATA_DIR, params, check_every=settings.GPUPROXY_LOCK_CHECK,
+                            pid=pid)
         try:
             lock.acquire()
         except AlreadyServing as exc:

@@ -1,0 +1,264 @@
+"""`serve --workers N` (N > 1): a supervisor, one scheduler process, N request processes.
+
+The supervisor (`Supervisor`) takes the listening socket, starts the scheduler process and
+then N request processes on that socket (Daphne adopts it: `fd:fileno=…`), and restarts any
+that dies. It owns nothing a request needs. The scheduler process (`run_scheduler`) holds
+the instance lock, the run loop and every upstream; its hub (gpuproxy/shell/hub.py) serves
+the request processes. Design and protocol: docs/scheduler-design.md §8.
+
+Stopping: SIGTERM or SIGINT to the supervisor reaches every process. The request processes
+drain as a one-process `serve` does (503 `shutting_down` for new requests, the grace period
+for those in flight); the scheduler process answers every queued request 503 at once, waits
+for the request processes to leave, then stops the upstreams. A second signal cuts the drain
+short, as it does with one process. SIGHUP to the supervisor makes the scheduler process
+re-read the definitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("gpuproxy.serve")
+
+LOCK_EXIT = 3  # the scheduler process could not hold the instance lock: do not restart it
+RESTART_DELAY = 1.0  # seconds before a process that died is started again
+STOP_MARGIN = 15.0  # seconds past the grace period before a process that does not stop is killed
+
+
+def default_workers(cpus: int | None, sqlite: bool) -> int:
+    """One process on a box of at most 2 cores (client, upstream and proxy share them, and
+    a second process adds a hop without adding CPU) and on SQLite (one writer); else one
+    request process per core, at most 8."""
+    if sqlite or cpus is None or cpus <= 2:
+        return 1
+    return min(cpus, 8)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The one socket every request process accepts on; OSError names the cause."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _command(*args: str) -> list[str]:
+    from gpuproxy.upstream.orphans import pdeathsig_argv
+
+    # Killed with the supervisor, whatever kills it (the upstreams go with the scheduler).
+    return pdeathsig_argv([sys.executable, "-m", "gpuproxy.cli", "serve", *args])
+
+
+class _Process:
+    """One child of the supervisor: how to start it, and its current run."""
+
+    def __init__(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.args = args
+        self.pass_fds = pass_fds
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, within: float = 120.0) -> bool:
+        """Start it and wait until it says it is ready (a byte on its ready pipe); False
+        when it exits first."""
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *_command(*self.args, "--ready-fd", str(write_end)),
+                pass_fds=(*self.pass_fds, write_end))
+        finally:
+            os.close(write_end)
+        try:
+            async with asyncio.timeout(within):
+                said = await asyncio.to_thread(os.read, read_end, 1)
+        except TimeoutError:
+            said = b""
+        finally:
+            os.close(read_end)
+        return said == b"1"
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+
+class Supervisor:
+    def __init__(self, host: str, port: int, sock: socket.socket, workers: int,
+                 hub: Path, grace: float) -> None:
+        self.host, self.port = host, port
+        self.sock = sock
+        self.grace = grace
+        family = "INET6" if sock.family == socket.AF_INET6 else "INET"
+        self.scheduler = _Process("the scheduler process", ["--role", "scheduler", "--hub",
+                                                            str(hub)])
+        self.workers = [
+            _Process(f"request process {i}", [
+                "--role", "worker", "--hub", str(hub), "--listen", f"{host}:{port}",
+                "--fd", f"{sock.fileno()}:{family}"], pass_fds=(sock.fileno(),))
+            for i in range(1, workers + 1)]
+        self.signals = 0
+        self.failure: str | None = None
+        self._stop = asyncio.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_stop, signal.Signals(signum).name)
+        loop.add_signal_handler(signal.SIGHUP, self.scheduler.signal, signal.SIGHUP)
+        if not await self.scheduler.start():
+            self.failure = self._exit_reason(self.scheduler)
+            return
+        for worker in self.workers:
+            if not await worker.start():
+                self.failure = self._exit_reason(worker)
+                await self._stop_all()
+                return
+        self.sock.close()  # the request processes hold it now
+        logger.info("gpuproxy listening on http://%s:%d (%d request processes, one "
+                    "scheduler process)", self.host, self.port, len(self.workers))
+        watchers = {loop.create_task(self._watch(p)) for p in (self.scheduler, *self.workers)}
+        await self._stop.wait()
+        for task in watchers:
+            task.cancel()
+        await self._stop_all()
+
+    def _on_stop(self, name: str) -> None:
+        """Every process hears each signal once: the first starts their drain, a second
+        cuts it short."""
+        self.signals += 1
+        if self.signals == 1:
+            logger.info("%s: stopping the request processes (they drain) and the scheduler "
+                        "process", name)
+        for process in (*self.workers, self.scheduler):
+            process.signal(signal.SIGTERM)
+        self._stop.set()
+
+    @staticmethod
+    def _exit_reason(process: _Process) -> str:
+        code = process.proc.returncode if process.proc is not None else None
+        return (f"{process.name} did not start (exit status {code}); its error is in the log "
+                "above")
+
+    async def _watch(self, process: _Process) -> None:
+        """Restart `process` whenever it dies unasked, unless it is the scheduler process
+        refusing to run (the instance lock): then everything stops with its error."""
+        while True:
+            assert process.proc is not None
+            code = await process.proc.wait()
+            if self._stop.is_set():
+                return
+            if process is self.scheduler and code == LOCK_EXIT:
+                self.failure = ("the scheduler process lost the instance lock (see the log "
+                                "above); stopping")
+                self._on_stop("lock lost")
+                return
+            logger.error("%s (pid %d) exited with status %s; starting it again", process.name,
+                         process.proc.pid, code)
+            await asyncio.sleep(RESTART_DELAY)
+            if self._stop.is_set():
+                return
+            await process.start()
+
+    async def _stop_all(self) -> None:
+        """Wait for the request processes, then the scheduler process (it stops the
+        upstreams once they are gone); kill what overstays the grace period. Each was
+        signalled already (`_on_stop`), except on a failed start."""
+        if not self.signals:
+            for process in (*self.workers, self.scheduler):
+                process.signal(signal.SIGTERM)
+        for group in (self.workers, [self.scheduler]):
+            deadline = time.monotonic() + self.grace + STOP_MARGIN
+            for process in group:
+                if process.proc is None:
+                    continue
+                try:
+                    async with asyncio.timeout(max(deadline - time.monotonic(), 0.1)):
+                        await process.proc.wait()
+                except TimeoutError:
+                    logger.error("%s (pid %d) did not stop within %g s; killing it",
+                                 process.name, process.proc.pid, self.grace + STOP_MARGIN)
+                    process.signal(signal.SIGKILL)
+                    await process.proc.wait()
+
+
+# ---- the scheduler process ----------------------------------------------------------------
+
+def run_scheduler(hub: Path, ready_fd: int, lock: Any,
+                  preload: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    """The scheduler process: the run loop, the upstreams and the hub, until SIGTERM.
+    `preload` runs once it is ready (serve's `hooks.on_startup.preload`)."""
+    from gpuproxy.shell import runtime
+
+    left = runtime.upstream_records().sweep()
+    if left:
+        logger.warning("stopped %d upstream(s) left running by an earlier crash: %s",
+                       len(left), ", ".join(left))
+    return asyncio.run(_scheduler(hub, ready_fd, lock, preload))
+
+
+async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
+                     preload: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    from django.conf import settings
+
+    from gpuproxy.shell import runtime
+    from gpuproxy.shell.hub import Hub
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    cut = asyncio.Event()
+    failure: list[str] = []
+
+    def on_signal() -> None:
+        (cut if stop.is_set() else stop).set()
+
+    def lost(message: str) -> None:
+        failure.append(message)
+        loop.call_soon_threadsafe(stop.set)
+        loop.call_soon_threadsafe(cut.set)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    rt = await runtime.get()
+    rt.start_watcher()
+    loop.add_signal_handler(signal.SIGHUP, rt.request_reload)
+    hub = Hub(rt, hub_path)
+    await hub.start()
+    lock.watch(lost)
+    gc.collect()
+    gc.freeze()
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+    preloading = loop.create_task(preload())
+    await stop.wait()
+    preloading.cancel()
+    logger.info("scheduler process: draining; queued requests get 503 shutting_down")
+    await runtime.drain()
+    if hub.links and not cut.is_set():
+        # The request processes finish what is in flight (their grace period), then leave.
+        waits = {loop.create_task(hub.all_gone.wait()), loop.create_task(cut.wait())}
+        await asyncio.wait(waits, timeout=settings.GPUPROXY_SHUTDOWN_GRACE + STOP_MARGIN,
+                           return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+    await hub.close()
+    await runtime.shutdown()
+    lock.release()
+    if failure:
+        logger.error("%s", failure[0])
+        return LOCK_EXIT
+    return 0

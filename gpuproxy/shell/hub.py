@@ -1,0 +1,361 @@
+"""The scheduler process's side of `serve --workers N`: a Unix-socket server that puts this
+process's `Runtime` (the run loop, the upstreams) behind every request process's
+`RemoteRuntime` (gpuproxy/shell/remote.py).
+
+Each request process holds one link. Its requests' waits become ordinary `acquire` calls
+here, so the run loop and its pure core do not know there are other processes: a wait the
+request process cancels is withdrawn like a client that left, and a link that closes (its
+process died) withdraws its waits and releases its grants. What the hub pushes down a link:
+the catalog at connect and after every reload, each upstream's state at every change, the
+database's health, and, while a dashboard is open there, that the books changed.
+
+What the whole proxy observed is gathered here on demand, never per request: `/metrics`
+merges every process's registry (gpuproxy/observe/exposition.py), and the dashboard's request
+lists are each request process's own, asked for when a dashboard refreshes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from gpuproxy.observe import exposition, published
+from gpuproxy.observe.history import HISTORY, RECENT
+from gpuproxy.shell import local, runtime, wire
+from gpuproxy.shell.runtime import Runtime
+from gpuproxy.upstream.logbuffer import PROXY
+from gpuproxy.upstream.logbuffer import registry as log_registry
+from scheduling.catalog import Catalog
+from scheduling.core.errors import SchedulingError
+
+logger = logging.getLogger("gpuproxy.shell.hub")
+
+ASK_WITHIN = 5.0  # seconds a gather waits for a request process before leaving it out
+CHANGES_EVERY = 0.1  # seconds between "changed" pushes to a link with a dashboard open
+
+
+class _Link:
+    """One request process, as the hub serves it."""
+
+    def __init__(self, hub: Hub, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.hub = hub
+        self.reader = reader
+        self.writer = writer
+        self.pid = 0
+        self.waits: dict[int, asyncio.Task[None]] = {}
+        self.grants: dict[int, Any] = {}
+        self.feeds: dict[int, asyncio.Task[None]] = {}
+        self.calls: dict[int, asyncio.Future[Any]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.watching = False
+        self._ids = 0
+
+    def send(self, frame: tuple[Any, ...]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.encode(frame))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def ask(self, name: str, *args: Any) -> Any:
+        """Ask the request process (its metrics, its requests); its exception is raised."""
+        self._ids += 1
+        cid = self._ids
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.calls[cid] = future
+        self.send(("call", cid, name, args))
+        try:
+            async with asyncio.timeout(ASK_WITHIN):
+                return await future
+        finally:
+            self.calls.pop(cid, None)
+
+    async def serve(self) -> None:
+        rt = self.hub.rt
+        try:
+            while True:
+                try:
+                    frame = await wire.read(self.reader)
+                except wire.BadFrame as exc:
+                    logger.error("a frame from request process %d could not be read (%s); "
+                                 "skipped", self.pid, exc)
+                    continue
+                kind = frame[0]
+                if kind == "acquire":
+                    _, rid, model, priority, deadline, watched = frame
+                    self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline,
+                                                               watched))
+                elif kind == "release":
+                    grant = self.grants.pop(frame[1], None)
+                    if grant is not None:
+                        grant.release()
+                elif kind == "cancel":
+                    task = self.waits.pop(frame[1], None)
+                    if task is not None:
+                        task.cancel()
+                    grant = self.grants.pop(frame[1], None)
+                    if grant is not None:
+                        grant.release()
+                elif kind == "call":
+                    self.spawn(self._answer(frame[1], frame[2], frame[3]))
+                elif kind == "reply":
+                    _, cid, ok, value = frame
+                    future = self.calls.get(cid)
+                    if future is not None and not future.done():
+                        if ok:
+                            future.set_result(value)
+                        else:
+                            future.set_exception(wire.error_from(value))
+                elif kind == "feed_close":
+                    feed = self.feeds.pop(frame[1], None)
+                    if feed is not None:
+                        feed.cancel()
+                elif kind == "log":
+                    log_registry.get(PROXY).publish(frame[1])
+                elif kind == "watch":
+                    self.watching = bool(frame[1])
+                elif kind == "reload":
+                    rt.request_reload()
+                elif kind == "hello":
+                    _, self.pid, self.watching = frame
+                    self.send(("catalog", rt.catalog))
+                    self.send(self.hub.upstreams_frame())
+                    self.send(("database", runtime.database_status()))
+                else:
+                    logger.error("unknown frame %r from request process %d", kind, self.pid)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The request process is gone: its waits are withdrawn, its grants released (the
+        scheduler sees clients that left), its feeds closed."""
+        for task in self.waits.values():
+            task.cancel()
+        for grant in self.grants.values():
+            grant.release()
+        for feed in self.feeds.values():
+            feed.cancel()
+        for future in self.calls.values():
+            if not future.done():
+                future.cancel()
+        self.waits.clear()
+        self.grants.clear()
+        self.feeds.clear()
+        self.writer.close()
+        self.hub.links.discard(self)
+
+    async def _acquire(self, rid: int, model: str, priority: int, deadline: float | None,
+                       watched: bool) -> None:
+        reporter: asyncio.Task[None] | None = None
+
+        def watch(waiting: Any) -> None:
+            nonlocal reporter
+            reporter = self.spawn(self._report(rid, waiting))
+
+        try:
+            grant = await self.hub.rt.acquire(model, priority, deadline,
+                                              watch=watch if watched else None)
+        except SchedulingError as exc:
+            self.send(("refused", rid, wire.error_state(exc)))
+            return
+        finally:
+            self.waits.pop(rid, None)
+            if reporter is not None:
+                reporter.cancel()
+        self.grants[rid] = grant
+        self.send(("granted", rid, grant.model, grant.dispatch, grant.swap_wait))
+
+    async def _report(self, rid: int, waiting: Any) -> None:
+        """Tell the request process that its request waits, and each new position."""
+        await waiting.waits.wait()
+        self.send(("waits", rid, waiting.position))
+        while True:
+            await waiting.position_changed.wait()
+            waiting.position_changed.clear()
+            self.send(("position", rid, waiting.position))
+
+    async def _answer(self, cid: int, name: str, args: tuple[Any, ...]) -> None:
+        handler: Callable[..., Coroutine[Any, Any, Any]] | None = getattr(
+            self.hub, f"rpc_{name}", None)
+        try:
+            if handler is None:
+                raise ValueError(f"no such call: {name}")
+            value = await handler(self, *args)
+            self.send(("reply", cid, True, value))
+        except Exception as exc:
+            self.send(("reply", cid, False, wire.error_state(exc)))
+
+
+class Hub:
+    """The scheduler process's server for its request processes (see the module)."""
+
+    def __init__(self, rt: Runtime, path: Path) -> None:
+        self.rt = rt
+        self.path = path
+        self.links: set[_Link] = set()
+        self._server: asyncio.Server | None = None
+        self._changes: asyncio.TimerHandle | None = None
+        self._db_task: asyncio.Task[None] | None = None
+        self.all_gone = asyncio.Event()  # set when the last link closes
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        old = os.umask(0o177)  # the socket is this user's alone
+        try:
+            self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
+        finally:
+            os.umask(old)
+        self.rt.on_catalog.append(self._catalog_changed)
+        self.rt.upstreams.on_state.append(self._states_changed)
+        published.on_change(self._books_changed)
+        self._db_task = asyncio.get_running_loop().create_task(self._watch_database())
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                      ) -> None:
+        link = _Link(self, reader, writer)
+        self.links.add(link)
+        self.all_gone.clear()
+        try:
+            await link.serve()
+        finally:
+            if not self.links:
+                self.all_gone.set()
+
+    def broadcast(self, frame: tuple[Any, ...]) -> None:
+        data = wire.encode(frame)
+        for link in list(self.links):
+            if not link.writer.is_closing():
+                link.writer.write(data)
+
+    def upstreams_frame(self) -> tuple[Any, ...]:
+        ups = self.rt.upstreams
+        states = {}
+        for model in list(ups.catalog.models):
+            proc = ups.existing(model)
+            if proc is not None:
+                error = proc.last_error
+                states[model] = (proc.state, proc.pid, proc.spec,
+                                 wire.error_state(error) if error is not None else None)
+        return ("upstreams", states, ups.running())
+
+    def _catalog_changed(self, catalog: Catalog) -> None:
+        self.broadcast(("catalog", catalog))
+        self.broadcast(self.upstreams_frame())
+
+    def _states_changed(self) -> None:
+        self.broadcast(self.upstreams_frame())
+
+    def _books_changed(self) -> None:
+        """The run loop published: tell the links with a dashboard open, at most every
+        CHANGES_EVERY seconds (a burst of events is one push)."""
+        if self._changes is None and any(link.watching for link in self.links):
+            self._changes = asyncio.get_running_loop().call_later(CHANGES_EVERY,
+                                                                  self._push_changes)
+
+    def _push_changes(self) -> None:
+        self._changes = None
+        for link in list(self.links):
+            if link.watching:
+                link.send(("changed",))
+
+    async def _watch_database(self) -> None:
+        """Push the database's health when it changes (the instance lock checks it)."""
+        last = None
+        while True:
+            status = runtime.database_status()
+            if status != last:
+                last = status
+                self.broadcast(("database", status))
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._db_task is not None:
+            self._db_task.cancel()
+        for link in list(self.links):
+            link.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def gather(self, name: str, *args: Any) -> list[Any]:
+        """Every request process's answer to `name`; one that does not answer within
+        ASK_WITHIN seconds is left out (and logged)."""
+        links = list(self.links)
+        answers = await asyncio.gather(*(link.ask(name, *args) for link in links),
+                                       return_exceptions=True)
+        out = []
+        for link, answer in zip(links, answers, strict=True):
+            if isinstance(answer, BaseException):
+                logger.warning("request process %d did not answer %r: %s", link.pid, name,
+                               answer or type(answer).__name__)
+            else:
+                out.append(answer)
+        return out
+
+    # ---- calls from a request process -----------------------------------------------------
+
+    async def rpc_load(self, link: _Link, model: str) -> str:
+        return await self.rt.load(model)
+
+    async def rpc_unload(self, link: _Link, models: list[str]) -> None:
+        await self.rt.unload(models)
+
+    async def rpc_unload_all(self, link: _Link) -> None:
+        await self.rt.unload_all()
+
+    async def rpc_restart(self, link: _Link, models: list[str]) -> None:
+        self.rt.restart(models)
+
+    async def rpc_inspect(self, link: _Link, read: Callable[..., Any]) -> Any:
+        return await self.rt.inspect(read)
+
+    async def rpc_exit_reported(self, link: _Link, model: str, pid: int | None,
+                                within: float) -> bool:
+        proc = self.rt.upstream(model)
+        return True if proc is None else await proc.exit_reported(pid, within)
+
+    async def rpc_live_models(self, link: _Link) -> Any:
+        return self.rt.control.live_models() if self.rt.control is not None else {}
+
+    async def rpc_feed_open(self, link: _Link, fid: int, sources: list[str],
+                            history: bool) -> list[str]:
+        opened: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+
+        async def pump() -> None:
+            async with self.rt.log_feed(sources, history) as (past, queue):
+                opened.set_result(past)
+                while True:
+                    link.send(("line", fid, await queue.get()))
+
+        link.feeds[fid] = link.spawn(pump())
+        return await opened
+
+    async def rpc_metrics(self, link: _Link, accept: str) -> tuple[bytes, str]:
+        text, _ = await local.local_metrics_text("")
+        theirs = await self.gather("metrics")
+        return exposition.merge(text.decode(), [(str(pid), body.decode())
+                                                for pid, body in theirs], accept)
+
+    async def rpc_requests_view(self, link: _Link) -> dict[str, Any]:
+        views = await self.gather("requests")
+        in_flight = sorted((r for v in views for r in v["in_flight"]),
+                           key=lambda r: -r["elapsed_s"])
+        recent = sorted((r for v in views for r in v["recent"]), key=lambda r: r["time"],
+                        reverse=True)[:RECENT]
+        return {"in_flight": in_flight, "recent": recent, "history": HISTORY.view()}
+
+    async def rpc_cancel_request(self, link: _Link, request_id: str) -> bool:
+        return any(await self.gather("cancel_request", request_id))
