@@ -123,8 +123,10 @@ class Supervisor:
         if not await self.scheduler.start():
             self.failure = self._exit_reason(self.scheduler)
             return
-        for worker in self.workers:
-            if not await worker.start():
+        # Together: each spends its start importing Django, not waiting for the others.
+        ready = await asyncio.gather(*(worker.start() for worker in self.workers))
+        for worker, ok in zip(self.workers, ready, strict=True):
+            if not ok:
                 self.failure = self._exit_reason(worker)
                 await self._stop_all()
                 return

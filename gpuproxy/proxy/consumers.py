@@ -58,6 +58,10 @@ PRIORITY_HEADER = HEADER.encode()
 # Seconds between "still waiting" signs on a waiting stream.
 KEEPALIVE: float = settings.GPUPROXY_STREAM_KEEPALIVE
 QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"
+# How many times a request may wait for its model: again each time the process it was
+# granted had died before the request could reach it (it reached no server, so waiting again
+# is safe). Bounded for a model whose every fresh process dies at once.
+WAITS = 4
 
 logger = logging.getLogger("gpuproxy.proxy")
 
@@ -417,8 +421,8 @@ class ProxyConsumer(UpstreamExchange):
 
         patience = self.queue_deadline()
         give_up = time.monotonic() + patience if patience is not None else None
-        for attempt in (1, 2):
-            if give_up is not None:  # a second wait gets what is left of the first's
+        for attempt in range(1, WAITS + 1):
+            if give_up is not None:  # a later wait gets what is left of the first's
                 patience = max(give_up - time.monotonic(), 0.001)
             try:
                 try:
@@ -442,7 +446,7 @@ class ProxyConsumer(UpstreamExchange):
             inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
             try:
                 again = await self.relay(grant.model, upstream_path, body, retry=retry,
-                                         requeue=retry and attempt == 1)
+                                         requeue=retry and attempt < WAITS)
             finally:
                 grant.release()
                 inflight.remove(rec)

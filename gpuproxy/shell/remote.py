@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from gpuproxy.shell import local, wire
 from gpuproxy.shell.instance import DatabaseStatus
 from gpuproxy.shell.run_loop import Waiting
+from gpuproxy.upstream import relay
 from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.logbuffer import registry as log_registry
 from gpuproxy.upstream.states import State
@@ -42,6 +43,7 @@ T = TypeVar("T")
 
 RECONNECT_MAX = 1.0  # seconds between attempts to reach a restarted scheduler process
 CONNECT_WITHIN = 30.0  # a request process that cannot reach the scheduler at start fails
+EXIT_REPORT_WITHIN = 5.0  # seconds to wait for the scheduler to hear of an exit seen here
 
 
 class RemoteUpstream:
@@ -59,8 +61,15 @@ class RemoteUpstream:
         self.last_error = last_error
 
     async def exit_reported(self, pid: int | None, within: float) -> bool:
+        """The kernel says here whether `pid` exited within `within` (a pidfd works on any
+        process); once it has, the scheduler process is sure to hear of it, so its report is
+        awaited for longer than `within`: that process has other work to do first, and a
+        request that gave up too early would fail instead of waiting for the restart."""
+        if not await relay.exited(pid, within):
+            return False
         try:
-            return bool(await self._link.call("exit_reported", self.model, pid, within))
+            return bool(await self._link.call("exit_reported", self.model, pid,
+                                              EXIT_REPORT_WITHIN))
         except SchedulerUnavailable:
             return True  # its upstreams went with it
 
