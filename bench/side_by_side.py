@@ -8,6 +8,7 @@ their model; the direct baseline is another copy of it. Rounds are interleaved (
 rotates every round) after a warm-up, so a noisy machine's drift falls on every side alike.
 
     .venv/bin/python bench/side_by_side.py [--seconds 2] [--rounds 4] [--no-llamaswap]
+        [--workers N]
 
 The figure that matters on a box the client and the upstream share with the proxy is the
 proxy's **CPU per request** (and per SSE chunk): every proxy process together (utime + stime
@@ -89,9 +90,26 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def ours(pid: int) -> bool:
+    """Whether `pid` is a gpuproxy process (`serve --workers N`'s scheduler and request
+    processes are), not an upstream."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"gpuproxy.cli\0serve" in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def proxy_processes(pid: int) -> list[int]:
+    """The proxy process and, under `--workers N`, its own children: the CPU counted."""
+    return [pid, *(p for p in descendants(pid) if ours(p))]
+
+
 def unpin_children(pid: int) -> None:
     """The upstreams a pinned proxy started inherited its CPU: move them off it."""
     for child in descendants(pid):
+        if ours(child):
+            continue
         try:
             os.sched_setaffinity(child, other_cpus())
         except ProcessLookupError:
@@ -188,14 +206,15 @@ def own_database(url: str) -> tuple[str, Callable[[], None]]:
     return f"{base}/{name}", drop
 
 
-def start_gpuproxy(cfg: Path, work: Path) -> Side:
+def start_gpuproxy(cfg: Path, work: Path, workers: int) -> Side:
     url, drop = own_database(postgres_url())
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "GPUPROXY_DATA_DIR": str(work / "gpuproxy"),
            "PYTHONPATH": str(ROOT)}
     log = work / "gpuproxy.log"
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", "--config",
-                             str(cfg), "--listen", f"127.0.0.1:{port}"], cwd=ROOT,
+                             str(cfg), "--listen", f"127.0.0.1:{port}",
+                             "--workers", str(workers)], cwd=ROOT,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             preexec_fn=lambda: os.sched_setaffinity(0, PROXY_CPUS))
     side = Side("gpuproxy", port, proc, [proc.pid], [drop])
@@ -203,6 +222,7 @@ def start_gpuproxy(cfg: Path, work: Path) -> Side:
     status, body = http("POST", port, "/api/models/load/solo", timeout=120)
     if status != 200:
         raise RuntimeError(f"gpuproxy could not load solo: {status} {body[:300]!r}")
+    side.counted = proxy_processes(proc.pid)
     return side
 
 
@@ -333,6 +353,9 @@ def main() -> int:
                         help="interleaved rounds per side and case (default 4)")
     parser.add_argument("--no-llamaswap", action="store_true",
                         help="leave llama-swap out even when its binary is there")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="gpuproxy's `serve --workers N` (default 1, its default on a box "
+                             "of at most 2 cores); every process of it is pinned and counted")
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         print("side_by_side: one CPU only: the proxy cannot be pinned apart (figures shared)")
@@ -343,7 +366,7 @@ def main() -> int:
         direct_port = free_port()
         fake = start_fake(direct_port)
         sides.append(Side("direct", direct_port, stop_hooks=[fake.terminate, fake.wait]))
-        sides.append(start_gpuproxy(write_config(work / "gpuproxy.yaml"), work))
+        sides.append(start_gpuproxy(write_config(work / "gpuproxy.yaml"), work, args.workers))
         binary = None if args.no_llamaswap else llamaswap_binary()
         if binary is not None:
             sides.append(start_llamaswap(binary, write_config(work / "llama-swap.yaml"), work))

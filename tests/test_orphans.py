@@ -121,3 +121,27 @@ def test_a_sweep_leaves_the_upstreams_of_a_proxy_that_still_runs(tmp_path: Path)
         if alive(upstream):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(upstream, signal.SIGKILL)
+
+
+def test_a_sweep_counts_a_dead_proxy_not_yet_reaped_as_gone(tmp_path: Path):
+    """A SIGKILLed proxy is a zombie until its parent reaps it, with its pid and start time
+    still in /proc (the scheduler process of `serve --workers N` whose supervisor was
+    killed: init reaps it when it gets to it). A proxy started in that moment must still
+    stop what it left."""
+    records = tmp_path / "upstreams"
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROXY, str(records)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert other.stdout is not None
+    upstream = int(other.stdout.readline())
+    try:
+        other.kill()
+        os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert ProcessRecords(records).sweep(grace=1) == ["theirs"]
+        until("the dead proxy's upstream is stopped", lambda: not alive(upstream), within=5)
+    finally:
+        other.kill()
+        other.wait(10)
+        if alive(upstream):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(upstream, signal.SIGKILL)

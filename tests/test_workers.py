@@ -205,3 +205,26 @@ def test_a_refusal_crosses_the_socket_as_itself():
         assert (again.message, again.status, again.code, again.headers()) == (
             exc.message, exc.status, exc.code, exc.headers())
     assert wire.error_from(wire.error_state(ModelNotFound("m1"))).model == "m1"
+
+
+def test_sighup_rereads_the_definitions_in_every_process(serve):
+    """With the periodic check an hour apart and the change made behind Django's back (no
+    save signal, no NOTIFY), only SIGHUP can apply it; with `--workers 2` it is the
+    supervisor's SIGHUP, passed to the scheduler process, whose new catalog reaches both
+    request processes (each scrape below may land on either)."""
+    from django.db import connection
+
+    port = free_port()
+    proxy = serve(one_model(port), {"GPUPROXY_RELOAD_SECONDS": "3600"})
+
+    def described() -> set[str]:
+        return {httpx.get(proxy.base + "/v1/models", trust_env=False, timeout=30)
+                .json()["data"][0]["description"] for _ in range(6)}
+
+    for text in ("first words", "second words"):  # the second, long after start-up's reload
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE scheduling_modeldefinition SET description = %s "
+                           "WHERE model_id = 'solo'", [text])
+        proxy.proc.send_signal(signal.SIGHUP)
+        until(f"every process lists {text!r}", lambda text=text: described() == {text})
+    assert proxy.proc.poll() is None

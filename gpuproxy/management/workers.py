@@ -237,7 +237,11 @@ async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
         loop.add_signal_handler(signum, on_signal)
     rt = await runtime.get()
     rt.start_watcher()
-    loop.add_signal_handler(signal.SIGHUP, rt.request_reload)
+    def reread() -> None:
+        logger.info("SIGHUP: re-reading the model definitions")
+        rt.request_reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reread)
     hub = Hub(rt, hub_path)
     await hub.start()
     lock.watch(lost)

@@ -284,4 +284,9 @@ def _proxy_alive(record: dict[str, Any]) -> bool:
     if pid == os.getpid():
         return True
     started = record.get("proxy_start_time")
-    return started is not None and start_time(pid) == started
+    fields = _stat(pid)
+    # A zombie is dead (its files, the instance lock among them, are closed already): the
+    # scheduler process of a `--workers N` proxy that was SIGKILLed stays one until init
+    # reaps it, and a new proxy can start in that moment.
+    return (started is not None and fields is not None and fields[19].decode() == started
+            and fields[0] not in (b"Z", b"X"))

@@ -85,6 +85,17 @@ async def preload(models: list[str]) -> None:
             logger.info("preloaded model %r", loaded)
 
 
+def reload_definitions() -> None:
+    """SIGHUP: re-read the definitions from the database now (an edit made behind Django's
+    back: no save signal, no NOTIFY), as the periodic check would."""
+    from gpuproxy.shell import runtime
+
+    rt = runtime.current()
+    if isinstance(rt, runtime.Runtime):
+        logger.info("SIGHUP: re-reading the model definitions")
+        rt.request_reload()
+
+
 async def linked(ready_fd: int | None) -> None:
     """A request process: reach the scheduler process, then tell the supervisor it is ready."""
     from gpuproxy.shell import runtime
@@ -383,10 +394,15 @@ class Command(BaseCommand):
             gc.freeze()
             stopping.install()
             if lock is not None:
+                signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(
+                    reload_definitions))
                 logger.info("gpuproxy listening on http://%s:%d", host, port)
                 lock.watch(stopping.fail)
                 task = asyncio.ensure_future(start(preload_list))
             else:
+                # The supervisor's SIGHUP goes to the scheduler process; a request process
+                # has nothing to re-read (its catalog is the scheduler process's).
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 task = asyncio.ensure_future(linked(ready_fd))
             background.add(task)
             task.add_done_callback(background.discard)
