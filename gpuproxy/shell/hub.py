@@ -42,11 +42,9 @@ CHANGES_EVERY = 0.1  # seconds between "changed" pushes to a link with a dashboa
 class _Link:
     """One request process, as the hub serves it."""
 
-    def __init__(self, hub: Hub, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.reader = reader
-        self.writer = writer
+        self.channel = wire.Channel(self.dispatch, on_lost=self.close)
         self.pid = 0
         self.waits: dict[int, asyncio.Task[None]] = {}
         self.grants: dict[int, Any] = {}
@@ -55,10 +53,7 @@ class _Link:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.watching = False
         self._ids = 0
-
-    def send(self, frame: tuple[Any, ...]) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.encode(frame))
+        self.send = self.channel.send
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -79,63 +74,50 @@ class _Link:
         finally:
             self.calls.pop(cid, None)
 
-    async def serve(self) -> None:
-        rt = self.hub.rt
-        try:
-            while True:
-                try:
-                    frame = await wire.read(self.reader)
-                except wire.BadFrame as exc:
-                    logger.error("a frame from request process %d could not be read (%s); "
-                                 "skipped", self.pid, exc)
-                    continue
-                kind = frame[0]
-                if kind == "acquire":
-                    _, rid, model, priority, deadline, watched = frame
-                    self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline,
-                                                               watched))
-                elif kind == "release":
-                    grant = self.grants.pop(frame[1], None)
-                    if grant is not None:
-                        grant.release()
-                elif kind == "cancel":
-                    task = self.waits.pop(frame[1], None)
-                    if task is not None:
-                        task.cancel()
-                    grant = self.grants.pop(frame[1], None)
-                    if grant is not None:
-                        grant.release()
-                elif kind == "call":
-                    self.spawn(self._answer(frame[1], frame[2], frame[3]))
-                elif kind == "reply":
-                    _, cid, ok, value = frame
-                    future = self.calls.get(cid)
-                    if future is not None and not future.done():
-                        if ok:
-                            future.set_result(value)
-                        else:
-                            future.set_exception(wire.error_from(value))
-                elif kind == "feed_close":
-                    feed = self.feeds.pop(frame[1], None)
-                    if feed is not None:
-                        feed.cancel()
-                elif kind == "log":
-                    log_registry.get(PROXY).publish(frame[1])
-                elif kind == "watch":
-                    self.watching = bool(frame[1])
-                elif kind == "reload":
-                    rt.request_reload()
-                elif kind == "hello":
-                    _, self.pid, self.watching = frame
-                    self.send(("catalog", rt.catalog))
-                    self.send(self.hub.upstreams_frame())
-                    self.send(("database", runtime.database_status()))
+    def dispatch(self, frame: tuple[Any, ...]) -> None:
+        """One frame from the request process (`wire.Channel` calls it, in order)."""
+        kind = frame[0]
+        if kind == "acquire":
+            _, rid, model, priority, deadline, watched = frame
+            self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline, watched))
+        elif kind == "release":
+            grant = self.grants.pop(frame[1], None)
+            if grant is not None:
+                grant.release()
+        elif kind == "cancel":
+            task = self.waits.pop(frame[1], None)
+            if task is not None:
+                task.cancel()
+            grant = self.grants.pop(frame[1], None)
+            if grant is not None:
+                grant.release()
+        elif kind == "call":
+            self.spawn(self._answer(frame[1], frame[2], frame[3]))
+        elif kind == "reply":
+            _, cid, ok, value = frame
+            future = self.calls.get(cid)
+            if future is not None and not future.done():
+                if ok:
+                    future.set_result(value)
                 else:
-                    logger.error("unknown frame %r from request process %d", kind, self.pid)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.close()
+                    future.set_exception(wire.error_from(value))
+        elif kind == "feed_close":
+            feed = self.feeds.pop(frame[1], None)
+            if feed is not None:
+                feed.cancel()
+        elif kind == "log":
+            log_registry.get(PROXY).publish(frame[1])
+        elif kind == "watch":
+            self.watching = bool(frame[1])
+        elif kind == "reload":
+            self.hub.rt.request_reload()
+        elif kind == "hello":
+            _, self.pid, self.watching = frame
+            self.send(("catalog", self.hub.rt.catalog))
+            self.send(self.hub.upstreams_frame())
+            self.send(("database", runtime.database_status()))
+        else:
+            logger.error("unknown frame %r from request process %d", kind, self.pid)
 
     def close(self) -> None:
         """The request process is gone: its waits are withdrawn, its grants released (the
@@ -152,8 +134,10 @@ class _Link:
         self.waits.clear()
         self.grants.clear()
         self.feeds.clear()
-        self.writer.close()
+        self.channel.close()
         self.hub.links.discard(self)
+        if not self.hub.links:
+            self.hub.all_gone.set()
 
     async def _acquire(self, rid: int, model: str, priority: int, deadline: float | None,
                        watched: bool) -> None:
@@ -214,7 +198,8 @@ class Hub:
             self.path.unlink()
         old = os.umask(0o177)  # the socket is this user's alone
         try:
-            self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
+            self._server = await asyncio.get_running_loop().create_unix_server(
+                self._accept, path=str(self.path))
         finally:
             os.umask(old)
         self.rt.on_catalog.append(self._catalog_changed)
@@ -222,22 +207,16 @@ class Hub:
         published.on_change(self._books_changed)
         self._db_task = asyncio.get_running_loop().create_task(self._watch_database())
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-                      ) -> None:
-        link = _Link(self, reader, writer)
+    def _accept(self) -> wire.Channel:
+        link = _Link(self)
         self.links.add(link)
         self.all_gone.clear()
-        try:
-            await link.serve()
-        finally:
-            if not self.links:
-                self.all_gone.set()
+        return link.channel
 
     def broadcast(self, frame: tuple[Any, ...]) -> None:
         data = wire.encode(frame)
         for link in list(self.links):
-            if not link.writer.is_closing():
-                link.writer.write(data)
+            link.channel.send_encoded(data)
 
     def upstreams_frame(self) -> tuple[Any, ...]:
         ups = self.rt.upstreams

@@ -111,7 +111,7 @@ class RemoteRuntime:
         self.db_status: DatabaseStatus | None = None
         self._upstreams: dict[str, RemoteUpstream] = {}
         self._running: list[dict[str, Any]] = []
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: wire.Channel | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._acquires: dict[int, _Acquire] = {}
@@ -140,10 +140,12 @@ class RemoteRuntime:
             await self._connected.wait()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         delay, warned = 0.05, False
         while not self._closing:
             try:
-                reader, writer = await asyncio.open_unix_connection(self.path)
+                _, channel = await loop.create_unix_connection(
+                    lambda: wire.Channel(self._on_frame), self.path)
             except OSError as exc:
                 if not warned:
                     logger.warning("cannot reach the scheduler process at %s (%s); requests "
@@ -153,27 +155,23 @@ class RemoteRuntime:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
                 continue
-            self._writer = writer
+            self._channel = channel
             self.send(("hello", os.getpid(), self._watchers > 0))
             try:
-                await self._serve(reader)
-            except (asyncio.IncompleteReadError, ConnectionError, OSError):
-                pass
-            except Exception:
-                logger.exception("the link to the scheduler process failed")
+                await channel.closed
             finally:
-                self._lost(writer)
-            if warned or not self._closing:
+                self._lost(channel)
+            if not self._closing:
                 logger.warning("lost the scheduler process; reconnecting (requests get 503 "
                                "scheduler_unavailable meanwhile)")
             warned, delay = True, 0.05
 
-    def _lost(self, writer: asyncio.StreamWriter) -> None:
+    def _lost(self, channel: wire.Channel) -> None:
         """Every wait and call in flight gets its error now: nobody waits for a scheduler
         that is gone (and its upstreams with it)."""
         self._connected.clear()
-        self._writer = None
-        writer.close()
+        self._channel = None
+        channel.close()
         gone = SchedulerUnavailable()
         for entry in self._acquires.values():
             if not entry.done.done():
@@ -188,13 +186,13 @@ class RemoteRuntime:
         self._running = []
 
     def send(self, frame: tuple[Any, ...]) -> None:
-        writer = self._writer
-        if writer is not None:
-            writer.write(wire.encode(frame))
+        channel = self._channel
+        if channel is not None:
+            channel.send(frame)
 
     async def call(self, name: str, *args: Any) -> Any:
         """Ask the hub, and wait for its answer (its exception is raised here)."""
-        if self._writer is None:
+        if self._channel is None:
             raise SchedulerUnavailable()
         cid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -205,61 +203,55 @@ class RemoteRuntime:
         finally:
             self._calls.pop(cid, None)
 
-    async def _serve(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            try:
-                frame = await wire.read(reader)
-            except wire.BadFrame as exc:
-                logger.error("a frame from the scheduler process could not be read (%s); "
-                             "skipped", exc)
-                continue
-            kind = frame[0]
-            if kind == "granted":
-                _, rid, model, dispatch, swap_wait = frame
-                entry = self._acquires.pop(rid, None)
-                if entry is None or entry.done.done():
-                    self.send(("release", rid))  # its asker left meanwhile
-                else:
-                    entry.done.set_result(RemoteGrant(self, rid, model, dispatch, swap_wait))
-            elif kind == "refused":
-                entry = self._acquires.pop(frame[1], None)
-                if entry is not None and not entry.done.done():
-                    entry.done.set_exception(wire.error_from(frame[2]))
-            elif kind == "waits" or kind == "position":
-                entry = self._acquires.get(frame[1])
-                if entry is not None:
-                    entry.waiting.position = frame[2]
-                    (entry.waiting.waits if kind == "waits"
-                     else entry.waiting.position_changed).set()
-            elif kind == "reply":
-                _, cid, ok, value = frame
-                future = self._calls.get(cid)
-                if future is not None and not future.done():
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(wire.error_from(value))
-            elif kind == "line":
-                queue = self._feeds.get(frame[1])
-                if queue is not None:
-                    with contextlib.suppress(asyncio.QueueFull):
-                        queue.put_nowait(frame[2])
-            elif kind == "catalog":
-                self.catalog = frame[1]
-                self._connected.set()
-                self.ever_connected = True
-            elif kind == "upstreams":
-                self._mirror(frame[1], frame[2])
-            elif kind == "database":
-                self.db_status = frame[1]
-            elif kind == "changed":
-                from gpuproxy.observe import published
-
-                published.changed()
-            elif kind == "call":
-                self._spawn(self._answer(frame[1], frame[2], frame[3]))
+    def _on_frame(self, frame: tuple[Any, ...]) -> None:
+        """One frame from the hub (`wire.Channel` calls it, in order)."""
+        kind = frame[0]
+        if kind == "granted":
+            _, rid, model, dispatch, swap_wait = frame
+            entry = self._acquires.pop(rid, None)
+            if entry is None or entry.done.done():
+                self.send(("release", rid))  # its asker left meanwhile
             else:
-                logger.error("unknown frame %r from the scheduler process", kind)
+                entry.done.set_result(RemoteGrant(self, rid, model, dispatch, swap_wait))
+        elif kind == "refused":
+            entry = self._acquires.pop(frame[1], None)
+            if entry is not None and not entry.done.done():
+                entry.done.set_exception(wire.error_from(frame[2]))
+        elif kind == "waits" or kind == "position":
+            entry = self._acquires.get(frame[1])
+            if entry is not None:
+                entry.waiting.position = frame[2]
+                (entry.waiting.waits if kind == "waits"
+                 else entry.waiting.position_changed).set()
+        elif kind == "reply":
+            _, cid, ok, value = frame
+            future = self._calls.get(cid)
+            if future is not None and not future.done():
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(wire.error_from(value))
+        elif kind == "line":
+            queue = self._feeds.get(frame[1])
+            if queue is not None:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(frame[2])
+        elif kind == "catalog":
+            self.catalog = frame[1]
+            self._connected.set()
+            self.ever_connected = True
+        elif kind == "upstreams":
+            self._mirror(frame[1], frame[2])
+        elif kind == "database":
+            self.db_status = frame[1]
+        elif kind == "changed":
+            from gpuproxy.observe import published
+
+            published.changed()
+        elif kind == "call":
+            self._spawn(self._answer(frame[1], frame[2], frame[3]))
+        else:
+            logger.error("unknown frame %r from the scheduler process", kind)
 
     def _mirror(self, states: dict[str, tuple[State, int | None, UpstreamSpec, Any]],
                 running: list[dict[str, Any]]) -> None:
@@ -316,8 +308,8 @@ class RemoteRuntime:
         self._closing = True
         if self.control is not None:
             live.detach(self.control)
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
+            self._channel.close()
         for task in [self._task, *self._tasks]:
             if task is not None:
                 task.cancel()
@@ -328,7 +320,7 @@ class RemoteRuntime:
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
                       watch: Callable[[Waiting], None] | None = None) -> RemoteGrant:
-        if self._writer is None:
+        if self._channel is None:
             raise SchedulerUnavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
