@@ -87,6 +87,7 @@ def test_a_request_process_that_dies_gives_its_grant_back(serve):
     proxy = serve(one_model(port, ONE_SLOT))
     client = held_until_cut(proxy, "held")
     victim = holder_of(proxy, port)
+    [other] = [p for p in roles(proxy)["worker"] if p != victim]
     os.kill(victim, signal.SIGKILL)
     proxy.http.close()  # its keep-alive connection may have been the dead process's
     proxy.http = httpx.Client(base_url=proxy.base, timeout=60, trust_env=False)
@@ -99,6 +100,16 @@ def test_a_request_process_that_dies_gives_its_grant_back(serve):
                      "it again", proxy.output()), proxy.output()
     client.join(30)
     assert not client.is_alive()
+    # The one started again accepts on the same socket: with the other gone, it serves.
+    os.kill(other, signal.SIGKILL)
+
+    def served() -> bool:
+        try:
+            return chat(proxy).status_code == 200
+        except httpx.TransportError:  # the dead one's connections, until the kernel drops them
+            return False
+
+    until("the request process started again serves", served)
     open_gate(port, "held")
 
 
@@ -228,3 +239,39 @@ def test_sighup_rereads_the_definitions_in_every_process(serve):
         proxy.proc.send_signal(signal.SIGHUP)
         until(f"every process lists {text!r}", lambda text=text: described() == {text})
     assert proxy.proc.poll() is None
+
+
+@pytest.mark.parametrize("serve_workers", [2])
+def test_a_stop_signal_sent_to_every_process_is_one_drain(serve):
+    """A service manager's SIGTERM to the whole group (systemd's default), or a Ctrl-C on a
+    terminal, reaches every process directly as well as through the supervisor: that is one
+    stop, and the request in flight still finishes."""
+    port = free_port()
+    proxy = serve(one_model(port, ONE_SLOT))
+    held = started(proxy, port, "held")
+    children = roles(proxy)
+    for pid in (*children["worker"], *children["scheduler"]):
+        os.kill(pid, signal.SIGTERM)
+    until("every process drains", lambda: proxy.output().count(
+        "SIGTERM: draining") == 2 and "scheduler process: draining" in proxy.output())
+    proxy.proc.send_signal(signal.SIGTERM)  # the same stop, now through the supervisor
+    until("the supervisor passed it on", lambda: "SIGTERM: stopping the request processes"
+          in proxy.output())
+    until("the drain waits for the request in flight",
+          lambda: "waiting up to 30 s for 1 request(s) in flight" in proxy.output())
+    open_gate(port, "held")
+    assert held.answered().status_code == 200
+    assert proxy.proc.wait(30) == 0, proxy.output()
+    assert "cut" not in proxy.output(), proxy.output()
+
+
+def test_a_gone_request_processs_counts_stay_in_the_sums():
+    """Its counters and histograms are added still, so no merged counter goes down; its
+    gauges and its own process series are not."""
+    gone = CHILD.replace("3.0", "5.0")
+    body, _ = merge(SCHEDULER, [("11", CHILD)], "", departed=[gone])
+    lines = set(body.decode().splitlines())
+    assert 'gpuproxy_requests_total{model="a"} 8.0' in lines, lines  # 0 + 3 + 5
+    assert 'process_cpu_seconds_total{worker=""} 0.25' not in lines
+    assert not any(line.startswith("process_cpu_seconds_total") and 'worker=""' in line
+                   for line in lines)

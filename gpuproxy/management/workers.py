@@ -32,6 +32,7 @@ from typing import Any
 logger = logging.getLogger("gpuproxy.serve")
 
 LOCK_EXIT = 3  # the scheduler process could not hold the instance lock: do not restart it
+CUT = signal.SIGUSR2  # the supervisor's second signal to its children: end the drain now
 RESTART_DELAY = 1.0  # seconds before a process that died is started again
 STOP_MARGIN = 15.0  # seconds past the grace period before a process that does not stop is killed
 
@@ -70,8 +71,9 @@ class _Process:
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, within: float = 120.0) -> bool:
-        """Start it and wait until it says it is ready (a byte on its ready pipe); False
-        when it exits first."""
+        """Start it and wait until it says it is ready (a byte on its ready pipe); False,
+        with the process killed, when it exits or hangs first."""
+        loop = asyncio.get_running_loop()
         read_end, write_end = os.pipe()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -79,13 +81,21 @@ class _Process:
                 pass_fds=(*self.pass_fds, write_end))
         finally:
             os.close(write_end)
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", 0))
         try:
             async with asyncio.timeout(within):
-                said = await asyncio.to_thread(os.read, read_end, 1)
+                said = await reader.read(1)  # b"" once it exits: its end of the pipe closes
         except TimeoutError:
             said = b""
         finally:
-            os.close(read_end)
+            transport.close()
+        if said != b"1" and self.proc.returncode is None:
+            logger.error("%s (pid %d) did not say it was ready within %g s; killing it",
+                         self.name, self.proc.pid, within)
+            self.signal(signal.SIGKILL)
+            await self.proc.wait()
         return said == b"1"
 
     def signal(self, signum: int) -> None:
@@ -111,6 +121,7 @@ class Supervisor:
         self.signals = 0
         self.failure: str | None = None
         self._stop = asyncio.Event()
+        # Kept open while the supervisor runs: a request process started again gets it too.
 
     def run(self) -> None:
         asyncio.run(self._run())
@@ -120,17 +131,27 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop, signal.Signals(signum).name)
         loop.add_signal_handler(signal.SIGHUP, self.scheduler.signal, signal.SIGHUP)
+        try:
+            await self._serve(loop)
+        finally:
+            self.sock.close()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         if not await self.scheduler.start():
-            self.failure = self._exit_reason(self.scheduler)
+            if not self._stop.is_set():
+                self.failure = self._exit_reason(self.scheduler)
+            await self._stop_all()
             return
         # Together: each spends its start importing Django, not waiting for the others.
         ready = await asyncio.gather(*(worker.start() for worker in self.workers))
+        if self._stop.is_set():  # a stop asked for while they started
+            await self._stop_all()
+            return
         for worker, ok in zip(self.workers, ready, strict=True):
             if not ok:
                 self.failure = self._exit_reason(worker)
                 await self._stop_all()
                 return
-        self.sock.close()  # the request processes hold it now
         logger.info("gpuproxy listening on http://%s:%d (%d request processes, one "
                     "scheduler process)", self.host, self.port, len(self.workers))
         watchers = {loop.create_task(self._watch(p)) for p in (self.scheduler, *self.workers)}
@@ -140,15 +161,22 @@ class Supervisor:
         await self._stop_all()
 
     def _on_stop(self, name: str) -> None:
-        """Every process hears each signal once: the first starts their drain, a second
-        cuts it short."""
+        """The first signal starts every process's drain (SIGTERM); a second cuts it short
+        (SIGUSR2). A child treats any number of SIGTERM or SIGINT as one drain: a Ctrl-C on
+        a terminal, or a service manager's SIGTERM to the whole group, reaches it directly
+        too, and must not count as the second signal."""
         self.signals += 1
         if self.signals == 1:
             logger.info("%s: stopping the request processes (they drain) and the scheduler "
                         "process", name)
-        for process in (*self.workers, self.scheduler):
-            process.signal(signal.SIGTERM)
+        else:
+            logger.warning("%s again: cutting the drain short", name)
+        self._signal_all(signal.SIGTERM if self.signals == 1 else CUT)
         self._stop.set()
+
+    def _signal_all(self, signum: int) -> None:
+        for process in (*self.workers, self.scheduler):
+            process.signal(signum)
 
     @staticmethod
     def _exit_reason(process: _Process) -> str:
@@ -175,14 +203,15 @@ class Supervisor:
             if self._stop.is_set():
                 return
             await process.start()
+            if self._stop.is_set():  # the stop came while it started: it drains too
+                process.signal(signal.SIGTERM)
+                return
 
     async def _stop_all(self) -> None:
         """Wait for the request processes, then the scheduler process (it stops the
-        upstreams once they are gone); kill what overstays the grace period. Each was
-        signalled already (`_on_stop`), except on a failed start."""
-        if not self.signals:
-            for process in (*self.workers, self.scheduler):
-                process.signal(signal.SIGTERM)
+        upstreams once they are gone); kill what overstays the grace period. SIGTERM again
+        to each: a drain hears it once, and one started meanwhile had not heard it."""
+        self._signal_all(signal.SIGTERM)
         for group in (self.workers, [self.scheduler]):
             deadline = time.monotonic() + self.grace + STOP_MARGIN
             for process in group:
@@ -206,6 +235,9 @@ def run_scheduler(hub: Path, ready_fd: int, lock: Any,
     `preload` runs once it is ready (serve's `hooks.on_startup.preload`)."""
     from gpuproxy.shell import runtime
 
+    # The supervisor passes SIGHUP on at any time; before the handler is in place, it must
+    # not end the process (its default).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     left = runtime.upstream_records().sweep()
     if left:
         logger.warning("stopped %d upstream(s) left running by an earlier crash: %s",
@@ -225,8 +257,9 @@ async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
     cut = asyncio.Event()
     failure: list[str] = []
 
-    def on_signal() -> None:
-        (cut if stop.is_set() else stop).set()
+    def on_cut() -> None:
+        stop.set()
+        cut.set()
 
     def lost(message: str) -> None:
         failure.append(message)
@@ -234,7 +267,8 @@ async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
         loop.call_soon_threadsafe(cut.set)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
+        loop.add_signal_handler(signum, stop.set)  # once or many times: one drain
+    loop.add_signal_handler(CUT, on_cut)
     rt = await runtime.get()
     rt.start_watcher()
     def reread() -> None:

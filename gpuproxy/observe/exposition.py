@@ -13,7 +13,7 @@ sum.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -24,6 +24,7 @@ from prometheus_client.samples import Sample
 
 PER_PROCESS = ("process_", "python_")
 LARGEST = frozenset({"gpuproxy_queue_oldest_wait_seconds"})
+CUMULATIVE = frozenset({"counter", "histogram", "summary"})
 
 
 class _Merged:
@@ -34,13 +35,21 @@ class _Merged:
         return iter(self._families)
 
 
-def merge(own: str, theirs: list[tuple[str, str]], accept: str) -> tuple[bytes, str]:
+def merge(own: str, theirs: list[tuple[str, str]], accept: str,
+          departed: Sequence[str] = ()) -> tuple[bytes, str]:
     """`own`: the scheduler process's exposition; `theirs`: (worker, exposition) of each
-    request process. Returns the merged exposition in the format `accept` asks for."""
+    request process; `departed`: the last expositions of request processes that are gone,
+    whose counters and histograms are still added (a sum that dropped when a process died
+    would read as a reset to Prometheus). Returns the merged exposition in the format
+    `accept` asks for."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for worker, text in [("scheduler", own), *theirs]:
+    sources = [("scheduler", own, False), *((w, t, False) for w, t in theirs),
+               *(("", t, True) for t in departed)]
+    for worker, text, gone in sources:
         for family in text_string_to_metric_families(text):
+            if gone and (family.type not in CUMULATIVE or family.name.startswith(PER_PROCESS)):
+                continue
             merged = families.get(family.name)
             if merged is None:
                 merged = families[family.name] = Metric(family.name, family.documentation,

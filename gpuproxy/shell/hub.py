@@ -54,6 +54,8 @@ class _Link:
         self.watching = False
         self._ids = 0
         self.send = self.channel.send
+        self.metrics = ""  # its exposition at the last scrape (`Hub.rpc_metrics`)
+        self.closed_feeds: set[int] = set()  # closed before their feed_open was served
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -105,6 +107,8 @@ class _Link:
             feed = self.feeds.pop(frame[1], None)
             if feed is not None:
                 feed.cancel()
+            else:
+                self.closed_feeds.add(frame[1])
         elif kind == "log":
             log_registry.get(PROXY).publish(frame[1])
         elif kind == "watch":
@@ -131,6 +135,10 @@ class _Link:
         for future in self.calls.values():
             if not future.done():
                 future.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.metrics and self in self.hub.links:
+            self.hub.departed.append(self.metrics)  # its counts stay counted
         self.waits.clear()
         self.grants.clear()
         self.feeds.clear()
@@ -188,6 +196,9 @@ class Hub:
         self.rt = rt
         self.path = path
         self.links: set[_Link] = set()
+        # The last exposition of each request process gone: its counters and histograms stay
+        # in the sums, so a merged counter never goes down (Prometheus would read a reset).
+        self.departed: list[str] = []
         self._server: asyncio.Server | None = None
         self._changes: asyncio.TimerHandle | None = None
         self._db_task: asyncio.Task[None] | None = None
@@ -311,22 +322,42 @@ class Hub:
 
     async def rpc_feed_open(self, link: _Link, fid: int, sources: list[str],
                             history: bool) -> list[str]:
+        if fid in link.closed_feeds:  # its reader left before we got here
+            link.closed_feeds.discard(fid)
+            return []
         opened: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
 
         async def pump() -> None:
-            async with self.rt.log_feed(sources, history) as (past, queue):
-                opened.set_result(past)
-                while True:
-                    link.send(("line", fid, await queue.get()))
+            try:
+                async with self.rt.log_feed(sources, history) as (past, queue):
+                    opened.set_result(past)
+                    while True:
+                        link.send(("line", fid, await queue.get()))
+            except BaseException as exc:
+                if not opened.done():  # the asker hears why, instead of waiting forever
+                    opened.set_exception(exc if isinstance(exc, Exception)
+                                         else RuntimeError("the log feed was closed"))
+                raise
 
         link.feeds[fid] = link.spawn(pump())
         return await opened
 
     async def rpc_metrics(self, link: _Link, accept: str) -> tuple[bytes, str]:
         text, _ = await local.local_metrics_text("")
-        theirs = await self.gather("metrics")
-        return exposition.merge(text.decode(), [(str(pid), body.decode())
-                                                for pid, body in theirs], accept)
+        links = list(self.links)
+        answers = await asyncio.gather(*(link.ask("metrics") for link in links),
+                                       return_exceptions=True)
+        theirs = []
+        for link, answer in zip(links, answers, strict=True):
+            if isinstance(answer, BaseException):
+                # Its last answer stands in, so no sum goes down for a slow scrape.
+                logger.warning("request process %d did not answer a scrape in %g s: %s",
+                               link.pid, ASK_WITHIN, answer or type(answer).__name__)
+            else:
+                link.metrics = answer[1].decode()
+            if link.metrics:
+                theirs.append((str(link.pid), link.metrics))
+        return exposition.merge(text.decode(), theirs, accept, departed=self.departed)
 
     async def rpc_requests_view(self, link: _Link) -> dict[str, Any]:
         views = await self.gather("requests")

@@ -184,6 +184,10 @@ class RemoteRuntime:
         for state in self._upstreams.values():
             state.state, state.pid = State.STOPPED, None
         self._running = []
+        for queue in self._feeds.values():  # a log being followed says why it went quiet
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait("gpuproxy: the scheduler process is gone (the supervisor "
+                                 "restarts it); open the log again to follow it")
 
     def send(self, frame: tuple[Any, ...]) -> None:
         channel = self._channel

@@ -1,7 +1,8 @@
 """The frames between the scheduler process and its request processes (`serve --workers N`).
 
 One Unix socket per request process, in the data dir, mode 0600: both ends are this program,
-run by the same user, so a frame is a pickle behind a 4-byte length. A frame is a tuple whose
+run by the same user (each end checks the other's uid, SO_PEERCRED), so a frame is a pickle
+behind a 4-byte length. A frame is a tuple whose
 first item says what it is (docs/scheduler-design.md §8 lists them). Pickle carries the
 catalog, the dispatch record and `inspect`'s reads (module-level functions travel by name) as
 they are, with no second spelling of any of them.
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +25,17 @@ from typing import Any
 logger = logging.getLogger("gpuproxy.shell.wire")
 
 _LENGTH = struct.Struct("!I")
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_FRAME = 256 * 1024 * 1024  # a corrupt length must not make us allocate gigabytes
+
+
+def peer_uid(transport: asyncio.BaseTransport) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
+    return int(_CREDS.unpack(creds)[1])
 
 
 def encode(frame: tuple[Any, ...]) -> bytes:
@@ -48,6 +61,13 @@ class Channel(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        uid = peer_uid(transport)
+        if uid != os.getuid():
+            # Frames are pickles: only this user's own processes may be at the other end
+            # (a socket path in a directory others can write could be someone else's).
+            logger.error("refusing a link with a process of uid %s (this is uid %d): only "
+                         "gpuproxy's own processes may connect", uid, os.getuid())
+            transport.abort()
 
     def data_received(self, data: bytes) -> None:
         buf = self._in

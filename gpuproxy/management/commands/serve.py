@@ -167,8 +167,11 @@ class Stopping:
 
     PROGRESS_EVERY = 5.0  # seconds between "still waiting for ..." lines
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, child: bool = False) -> None:
         self.grace = grace
+        # A request process of `--workers N`: SIGTERM and SIGINT, however many, mean one
+        # drain; the supervisor's second signal arrives as SIGUSR2 (workers.CUT).
+        self.child = child
         self.signals = 0
         self.failure: str | None = None
         self._cut: asyncio.Event | None = None
@@ -179,6 +182,10 @@ class Stopping:
         signal). Called once the reactor runs."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+        if self.child:
+            from gpuproxy.management.workers import CUT
+
+            signal.signal(CUT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         from twisted.internet import reactor
@@ -186,6 +193,8 @@ class Stopping:
         reactor.callFromThread(self._signalled, signal.Signals(signum).name)
 
     def _signalled(self, name: str) -> None:
+        if self.child and self.signals and name != "SIGUSR2":
+            return  # the same stop, heard directly and from the supervisor
         self.signals += 1
         if self.signals == 1:
             self._cut = asyncio.Event()
@@ -385,7 +394,11 @@ class Command(BaseCommand):
 
         preload_list = list(ProxySettings.load().preload)
         background: set[asyncio.Future] = set()
-        stopping = Stopping(settings.GPUPROXY_SHUTDOWN_GRACE)
+        stopping = Stopping(settings.GPUPROXY_SHUTDOWN_GRACE, child=hub is not None)
+        if hub is not None:
+            # The supervisor's SIGHUP goes to the scheduler process; a request process has
+            # nothing to re-read (its catalog is the scheduler process's).
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
         def on_running() -> None:
             # Everything loaded at start lives as long as the process: keep it out of the
@@ -400,9 +413,6 @@ class Command(BaseCommand):
                 lock.watch(stopping.fail)
                 task = asyncio.ensure_future(start(preload_list))
             else:
-                # The supervisor's SIGHUP goes to the scheduler process; a request process
-                # has nothing to re-read (its catalog is the scheduler process's).
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 task = asyncio.ensure_future(linked(ready_fd))
             background.add(task)
             task.add_done_callback(background.discard)
