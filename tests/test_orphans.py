@@ -96,15 +96,28 @@ _OTHER_PROXY = textwrap.dedent("""
 """)
 
 
+def _other_proxy(records: Path) -> tuple[subprocess.Popen, int]:
+    """Another proxy (`_OTHER_PROXY`) with one upstream recorded in `records`."""
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROXY, str(records)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert other.stdout is not None
+    return other, int(other.stdout.readline())
+
+
+def _end(other: subprocess.Popen, upstream: int) -> None:
+    other.kill()
+    other.wait(10)
+    if alive(upstream):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(upstream, signal.SIGKILL)
+
+
 def test_a_sweep_leaves_the_upstreams_of_a_proxy_that_still_runs(tmp_path: Path):
     """A record names its proxy by pid and start time: while that proxy runs, a sweep (a
     `make run` beside a test run, a second serve) never stops its upstreams; once it is
     gone, they are stopped."""
     records = tmp_path / "upstreams"
-    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROXY, str(records)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert other.stdout is not None
-    upstream = int(other.stdout.readline())
+    other, upstream = _other_proxy(records)
     try:
         assert ProcessRecords(records).sweep(grace=1) == []
         assert alive(upstream), "the sweep stopped the upstream of a live proxy"
@@ -116,11 +129,7 @@ def test_a_sweep_leaves_the_upstreams_of_a_proxy_that_still_runs(tmp_path: Path)
         until("the dead proxy's upstream is stopped", lambda: not alive(upstream), within=5)
         assert not list(records.glob("*.json"))
     finally:
-        other.kill()
-        other.wait(10)
-        if alive(upstream):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(upstream, signal.SIGKILL)
+        _end(other, upstream)
 
 
 def test_a_sweep_counts_a_dead_proxy_not_yet_reaped_as_gone(tmp_path: Path):
@@ -129,10 +138,7 @@ def test_a_sweep_counts_a_dead_proxy_not_yet_reaped_as_gone(tmp_path: Path):
     killed: init reaps it when it gets to it). A proxy started in that moment must still
     stop what it left."""
     records = tmp_path / "upstreams"
-    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROXY, str(records)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert other.stdout is not None
-    upstream = int(other.stdout.readline())
+    other, upstream = _other_proxy(records)
     try:
         other.kill()
         os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
@@ -140,8 +146,4 @@ def test_a_sweep_counts_a_dead_proxy_not_yet_reaped_as_gone(tmp_path: Path):
         assert ProcessRecords(records).sweep(grace=1) == ["theirs"]
         until("the dead proxy's upstream is stopped", lambda: not alive(upstream), within=5)
     finally:
-        other.kill()
-        other.wait(10)
-        if alive(upstream):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(upstream, signal.SIGKILL)
+        _end(other, upstream)

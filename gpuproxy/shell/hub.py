@@ -96,13 +96,7 @@ class _Link:
         elif kind == "call":
             self.spawn(self._answer(frame[1], frame[2], frame[3]))
         elif kind == "reply":
-            _, cid, ok, value = frame
-            future = self.calls.get(cid)
-            if future is not None and not future.done():
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(wire.error_from(value))
+            wire.answer(self.calls, frame)
         elif kind == "feed_close":
             feed = self.feeds.pop(frame[1], None)
             if feed is not None:

@@ -228,13 +228,7 @@ class RemoteRuntime:
                 (entry.waiting.waits if kind == "waits"
                  else entry.waiting.position_changed).set()
         elif kind == "reply":
-            _, cid, ok, value = frame
-            future = self._calls.get(cid)
-            if future is not None and not future.done():
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(wire.error_from(value))
+            wire.answer(self._calls, frame)
         elif kind == "line":
             queue = self._feeds.get(frame[1])
             if queue is not None:

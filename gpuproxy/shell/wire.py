@@ -131,6 +131,18 @@ class Channel(asyncio.Protocol):
             self.transport.close()
 
 
+def answer(calls: dict[int, asyncio.Future[Any]], frame: tuple[Any, ...]) -> None:
+    """A `reply(id, ok, value)` frame settles the call it answers (an error as itself); one
+    whose asker left is dropped."""
+    _, cid, ok, value = frame
+    future = calls.get(cid)
+    if future is not None and not future.done():
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(error_from(value))
+
+
 def error_state(exc: BaseException) -> tuple[type[BaseException], dict[str, Any], tuple]:
     return type(exc), dict(vars(exc)), exc.args
 
