@@ -80,7 +80,9 @@ def test_every_outcome_is_recorded(serve):
           lambda: not h.get("/api/queue").json()["in_flight"])
     stop(proxy)
 
-    rows = list(RequestLog.objects.order_by("id"))
+    # In the order the requests ended: with `--workers N` each request process writes its
+    # own rows, so ids follow the writes, not the requests.
+    rows = list(RequestLog.objects.order_by("finished_at", "id"))
     by = [(r.model_requested, r.status_code, r.outcome) for r in rows]
     assert by[:5] == [("solo", 200, "ok"), ("solo", 200, "ok"), ("nope", 404, "unknown_model"),
                       ("", 400, "bad_request"), ("broken", 502, "start_failed")]
