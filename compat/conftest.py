@@ -19,6 +19,7 @@ from tests.conftest import (  # noqa: F401
     django_db_modify_db_settings,
     port,
     serve,
+    serve_workers,
 )
 
 
