@@ -67,14 +67,8 @@ class _Link:
         """Ask the request process (its metrics, its requests); its exception is raised."""
         self._ids += 1
         cid = self._ids
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.calls[cid] = future
-        self.send(("call", cid, name, args))
-        try:
-            async with asyncio.timeout(ASK_WITHIN):
-                return await future
-        finally:
-            self.calls.pop(cid, None)
+        async with asyncio.timeout(ASK_WITHIN):
+            return await wire.call(self.send, self.calls, cid, name, args)
 
     def dispatch(self, frame: tuple[Any, ...]) -> None:
         """One frame from the request process (`wire.Channel` calls it, in order)."""
@@ -274,19 +268,19 @@ class Hub:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    async def gather(self, name: str, *args: Any) -> list[Any]:
-        """Every request process's answer to `name`; one that does not answer within
-        ASK_WITHIN seconds is left out (and logged)."""
+    async def gather(self, name: str, *args: Any) -> list[tuple[_Link, Any]]:
+        """Every request process that answered `name`, with its answer; one that does not
+        answer within ASK_WITHIN seconds is left out (and logged)."""
         links = list(self.links)
         answers = await asyncio.gather(*(link.ask(name, *args) for link in links),
                                        return_exceptions=True)
         out = []
         for link, answer in zip(links, answers, strict=True):
             if isinstance(answer, BaseException):
-                logger.warning("request process %d did not answer %r: %s", link.pid, name,
-                               answer or type(answer).__name__)
+                logger.warning("request process %d did not answer %r within %g s: %s",
+                               link.pid, name, ASK_WITHIN, answer or type(answer).__name__)
             else:
-                out.append(answer)
+                out.append((link, answer))
         return out
 
     # ---- calls from a request process -----------------------------------------------------
@@ -338,23 +332,15 @@ class Hub:
 
     async def rpc_metrics(self, link: _Link, accept: str) -> tuple[bytes, str]:
         text, _ = await local.local_metrics_text("")
-        links = list(self.links)
-        answers = await asyncio.gather(*(link.ask("metrics") for link in links),
-                                       return_exceptions=True)
-        theirs = []
-        for link, answer in zip(links, answers, strict=True):
-            if isinstance(answer, BaseException):
-                # Its last answer stands in, so no sum goes down for a slow scrape.
-                logger.warning("request process %d did not answer a scrape in %g s: %s",
-                               link.pid, ASK_WITHIN, answer or type(answer).__name__)
-            else:
-                link.metrics = answer[1].decode()
-            if link.metrics:
-                theirs.append((str(link.pid), link.metrics))
+        for answered, (_, body) in await self.gather("metrics"):
+            answered.metrics = body.decode()
+        # One that did not answer counts with its last answer: no sum goes down for a slow
+        # scrape.
+        theirs = [(str(ln.pid), ln.metrics) for ln in list(self.links) if ln.metrics]
         return exposition.merge(text.decode(), theirs, accept, departed=self.departed)
 
     async def rpc_requests_view(self, link: _Link) -> dict[str, Any]:
-        views = await self.gather("requests")
+        views = [view for _, view in await self.gather("requests")]
         in_flight = sorted((r for v in views for r in v["in_flight"]),
                            key=lambda r: -r["elapsed_s"])
         recent = sorted((r for v in views for r in v["recent"]), key=lambda r: r["time"],
@@ -362,4 +348,4 @@ class Hub:
         return {"in_flight": in_flight, "recent": recent, "history": HISTORY.view()}
 
     async def rpc_cancel_request(self, link: _Link, request_id: str) -> bool:
-        return any(await self.gather("cancel_request", request_id))
+        return any(done for _, done in await self.gather("cancel_request", request_id))

@@ -198,14 +198,7 @@ class RemoteRuntime:
         """Ask the hub, and wait for its answer (its exception is raised here)."""
         if self._channel is None:
             raise SchedulerUnavailable()
-        cid = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._calls[cid] = future
-        self.send(("call", cid, name, args))
-        try:
-            return await future
-        finally:
-            self._calls.pop(cid, None)
+        return await wire.call(self.send, self._calls, next(self._ids), name, args)
 
     def _on_frame(self, frame: tuple[Any, ...]) -> None:
         """One frame from the hub (`wire.Channel` calls it, in order)."""

@@ -131,6 +131,18 @@ class Channel(asyncio.Protocol):
             self.transport.close()
 
 
+async def call(send: Callable[[tuple[Any, ...]], None], calls: dict[int, asyncio.Future[Any]],
+               cid: int, name: str, args: tuple[Any, ...]) -> Any:
+    """Send `call(cid, name, args)` and wait for the `reply` that `answer` settles."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    calls[cid] = future
+    send(("call", cid, name, args))
+    try:
+        return await future
+    finally:
+        calls.pop(cid, None)
+
+
 def answer(calls: dict[int, asyncio.Future[Any]], frame: tuple[Any, ...]) -> None:
     """A `reply(id, ok, value)` frame settles the call it answers (an error as itself); one
     whose asker left is dropped."""
