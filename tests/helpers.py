@@ -143,3 +143,15 @@ def tool(command: str, package: str) -> str:
         pytest.fail(f"{command} is not on PATH: `make test` installs it "
                     f"(scripts/ensure-test-tools), or run: apt-get install -y {package}")
     return path
+
+
+async def runtime_on(config_yaml: str) -> Any:
+    """The in-process runtime of the ASGI tests on `config_yaml` (llama-swap's format),
+    imported into the test database first; the test ends it with `runtime.shutdown()`."""
+    from gpuproxy.shell import runtime
+    from scheduling.importer import import_config
+    from scheduling.llamaswap import parse_config
+
+    parsed = parse_config(config_yaml, {})
+    await runtime.run_db(lambda: import_config(parsed))
+    return await runtime.get()

@@ -21,9 +21,8 @@ from django.test import Client
 
 from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
-from scheduling.importer import import_config
-from scheduling.llamaswap import parse_config
 from tests.conftest import FAKE, free_port
+from tests.helpers import runtime_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,15 +44,13 @@ def documented_max_rate() -> int:
 @pytest.fixture
 async def rt():
     start = free_port()
-    parsed = parse_config(f"""
+    r = await runtime_on(f"""
 startPort: {start}
 healthCheckTimeout: 15
 models:
   alpha:
     cmd: {FAKE}
-""", {})
-    await runtime.run_db(lambda: import_config(parsed))
-    r = await runtime.get()
+""")
     r.port = start  # the upstream's port, for its gates
     yield r
     await runtime.shutdown()

@@ -20,8 +20,6 @@ from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
 from gpuproxy.upstream.logbuffer import registry as logs
 from scheduling.core.events import Cancelled, RequestArrived, ServeDone, SwapDone
-from scheduling.importer import import_config
-from scheduling.llamaswap import parse_config
 from tests import helpers
 from tests.conftest import free_port
 
@@ -48,9 +46,7 @@ groups:
 
 @pytest.fixture
 async def rt():
-    parsed = parse_config(config(free_port()), {})
-    await runtime.run_db(lambda: import_config(parsed))
-    r = await runtime.get()
+    r = await helpers.runtime_on(config(free_port()))
     r.run_loop.processed = asyncio.Queue()
     yield r
     await runtime.shutdown()
