@@ -8,7 +8,11 @@ their model; the direct baseline is another copy of it. Rounds are interleaved (
 rotates every round) after a warm-up, so a noisy machine's drift falls on every side alike.
 
     .venv/bin/python bench/side_by_side.py [--seconds 2] [--rounds 4] [--no-llamaswap]
-        [--workers N]
+        [--workers N] [--proxy-cpus N] [--clients K]
+
+`--proxy-cpus N --workers N --clients K` is the box with cores: each proxy on N CPUs (every
+process of gpuproxy's `serve --workers N` pinned to them, llama-swap's threads too), and K
+client processes on the rest, so that the client is not what limits a proxy on many cores.
 
 The figure that matters on a box the client and the upstream share with the proxy is the
 proxy's **CPU per request** (and per SSE chunk): every proxy process together (utime + stime
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -35,6 +40,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +64,7 @@ from proxy_overhead import (
 )
 
 CASES = [("json", 1), ("json", 32), ("sse100", 1), ("sse100", 32)]
-PROXY_CPUS = {0}
+PROXY_CPUS = {0}  # `--proxy-cpus N`: the first N CPUs
 
 
 # ---- CPUs -----------------------------------------------------------------------------------
@@ -210,7 +216,8 @@ def start_gpuproxy(cfg: Path, work: Path, workers: int) -> Side:
     url, drop = own_database(postgres_url())
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "GPUPROXY_DATA_DIR": str(work / "gpuproxy"),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                      os.environ.get("PYTHONPATH")]))}
     log = work / "gpuproxy.log"
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", "--config",
                              str(cfg), "--listen", f"127.0.0.1:{port}",
@@ -255,19 +262,63 @@ class Case:
     runs: dict[str, Run] = field(default_factory=dict)
 
 
-async def measure(sides: list[Side], seconds: float, rounds: int) -> list[Case]:
+def _client_round(port: int, data: bytes, conc: int, seconds: float) -> Run:
+    """One client process's share of a round (`--clients K`): its own connections."""
+    return asyncio.run(drive(port, data, conc, seconds))
+
+
+class Clients:
+    """Who sends a round's requests: this process (one client, its connections kept from
+    round to round), or `--clients K` processes with `conc / K` connections each, for a box
+    where one Python client would be the limit (the proxies on many cores)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.pool: ProcessPoolExecutor | None = None
+        if count > 1:
+            self.pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context(
+                "spawn"))
+            list(self.pool.map(abs, range(count)))  # started now, outside the event loop
+
+    def split(self, conc: int) -> list[int]:
+        k = min(self.count, conc)
+        return [conc // k + (1 if i < conc % k else 0) for i in range(k)]
+
+    async def round(self, port: int, data: bytes, conc: int, seconds: float,
+                    conns: list[Conn]) -> Run:
+        if self.pool is None or conc == 1:
+            return await drive(port, data, conc, seconds, conns)
+        loop = asyncio.get_running_loop()
+        runs = await asyncio.gather(*(
+            loop.run_in_executor(self.pool, _client_round, port, data, n, seconds)
+            for n in self.split(conc)))
+        merged = Run()
+        for run in runs:
+            merged.results += run.results
+        merged.seconds = max(run.seconds for run in runs)
+        return merged
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+async def measure(sides: list[Side], seconds: float, rounds: int,
+                  clients: Clients) -> list[Case]:
     cases = []
     for kind, conc in CASES:
         body = SSE_BODY if kind == "sse100" else JSON_BODY
         case = Case(kind, conc, {s.name: Run() for s in sides})
-        pools = {s.name: [await Conn.open(s.port) for _ in range(conc)] for s in sides}
+        own = clients.pool is None or conc == 1
+        pools = {s.name: [await Conn.open(s.port) for _ in range(conc)] if own else []
+                 for s in sides}
         data = {s.name: request_bytes(s.port, body) for s in sides}
         for s in sides:  # warm-up
-            await drive(s.port, data[s.name], conc, min(0.5, seconds), pools[s.name])
+            await clients.round(s.port, data[s.name], conc, min(0.5, seconds), pools[s.name])
         for r in range(rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
                 cpu0 = s.cpu()
-                run = await drive(s.port, data[s.name], conc, seconds, pools[s.name])
+                run = await clients.round(s.port, data[s.name], conc, seconds, pools[s.name])
                 run.cpu = s.cpu() - cpu0
                 case.runs[s.name].merge(run)
         for pool in pools.values():
@@ -284,11 +335,20 @@ def per_unit(case: Case, name: str) -> float:
     return run.cpu / n * 1e6 if n else float("nan")
 
 
-def report(cases: list[Case], names: list[str], seconds: float, rounds: int) -> None:
+def _cpus(cpus: set[int]) -> str:
+    ordered = sorted(cpus)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return str(ordered)
+
+
+def report(cases: list[Case], names: list[str], seconds: float, rounds: int,
+           workers: int = 1, clients: int = 1) -> None:
     print(f"side_by_side: direct vs {' vs '.join(n for n in names if n != 'direct')} "
-          f"(gpuproxy on PostgreSQL); {rounds} interleaved rounds of {seconds:g} s per side "
-          f"and case; proxies pinned to CPU {sorted(PROXY_CPUS)}, client and upstreams on "
-          f"{sorted(other_cpus())}")
+          f"(gpuproxy on PostgreSQL, --workers {workers}); {rounds} interleaved rounds of "
+          f"{seconds:g} s per side and case; proxies pinned to CPU {_cpus(PROXY_CPUS)}, "
+          f"client ({clients} process{'es' if clients > 1 else ''}) and upstreams on "
+          f"{_cpus(other_cpus())}")
     print(f"{'case':8} {'conc':>4} {'side':11} {'reqs':>6} {'req/s':>8} {'p50 ms':>8} "
           f"{'chunks/s':>9} {'ttfb p50':>9} {'proxy CPU':>14} {'err':>4}")
     for c in cases:
@@ -356,7 +416,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="gpuproxy's `serve --workers N` (default 1, its default on a box "
                              "of at most 2 cores); every process of it is pinned and counted")
+    parser.add_argument("--proxy-cpus", type=int, default=1,
+                        help="pin each proxy to the first N CPUs (default 1); the client and "
+                             "the upstreams get the others")
+    parser.add_argument("--clients", type=int, default=1,
+                        help="client processes sharing a case's connections (default 1; more "
+                             "where one Python client cannot keep the proxies busy)")
     args = parser.parse_args()
+    PROXY_CPUS.clear()
+    PROXY_CPUS.update(sorted(os.sched_getaffinity(0))[:max(1, args.proxy_cpus)])
     if len(os.sched_getaffinity(0)) < 2:
         print("side_by_side: one CPU only: the proxy cannot be pinned apart (figures shared)")
     os.sched_setaffinity(0, other_cpus())  # the client, and the direct upstream it starts
@@ -373,12 +441,17 @@ def main() -> int:
         for s in sides:
             if s.proc is not None:
                 unpin_children(s.proc.pid)
-        cases = asyncio.run(measure(sides, args.seconds, args.rounds))
+        clients = Clients(args.clients)
+        try:
+            cases = asyncio.run(measure(sides, args.seconds, args.rounds, clients))
+        finally:
+            clients.close()
     finally:
         for s in reversed(sides):
             s.stop()
         shutil.rmtree(work, ignore_errors=True)
-    report(cases, [s.name for s in sides], args.seconds, args.rounds)
+    report(cases, [s.name for s in sides], args.seconds, args.rounds, args.workers,
+           args.clients)
     return 0
 
 
