@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 from aiohttp import hdrs, http_exceptions
+from aiohttp.client_proto import ResponseHandler
 from httpx_aiohttp import AiohttpTransport
 
 logger = logging.getLogger("gpuproxy.proxy")
@@ -73,6 +74,22 @@ _connection: ContextVar[tuple[bool, bool, float] | None] = ContextVar(
 _sending: ContextVar[tuple[str, bool]] = ContextVar("gpuproxy_sending", default=("", False))
 
 
+class _Handler(ResponseHandler):
+    """aiohttp's connection protocol, less a call per relayed chunk.
+
+    aiohttp's body reader asks its protocol to resume reading each time it hands out a
+    buffered piece below its low-water mark, paused or not, and an unpaused resume still
+    feeds the HTTP parser an empty string and asks the transport to resume. A chunked answer
+    is buffered one HTTP chunk a piece, and an SSE upstream (llama.cpp, vLLM) sends one
+    event per chunk: two parser calls per token. Resuming only what was paused is the same
+    flow control (the parser pauses only through `pause_reading`, which sets the flag);
+    tests/test_relay_flow.py holds it to that."""
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        if self._reading_paused:
+            super().resume_reading(resume_parser)
+
+
 class _Connector(aiohttp.TCPConnector):
     """The pooled connector, which remembers of each connection whether it carried a request
     before and whether that one was a stream: only a reused connection can be one the server
@@ -105,6 +122,8 @@ def _session(pooled: bool) -> aiohttp.ClientSession:
     # aiohttp caps connections at 100 unless told: the scheduler is the real limit.
     connector = (_Connector(limit=10_000, keepalive_timeout=KEEPALIVE_EXPIRY) if pooled
                  else aiohttp.TCPConnector(limit=10_000, force_close=True))
+    # every connection's protocol (aiohttp's own factory, set in BaseConnector.__init__)
+    connector._factory = functools.partial(_Handler, loop=connector._loop)  # type: ignore[assignment]
     return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                  trust_env=False, auto_decompress=False,
                                  skip_auto_headers=_SKIP_AUTO_HEADERS)
