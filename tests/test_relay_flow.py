@@ -4,8 +4,10 @@ aiohttp's body reader asks its protocol to resume reading for every buffered pie
 out, paused or not, and an unpaused resume feeds the HTTP parser an empty string: for an SSE
 upstream, one HTTP chunk per event, that was a parser call per token for nothing (about 5 % of
 the proxy's CPU per SSE chunk at c=32, BENCHMARKS.md). `relay._Handler` resumes only what was
-paused. These tests hold both halves: nothing resumed that was not paused, and a reader too slow
-for its upstream still pauses it and gets every byte once it catches up."""
+paused, and, once it has paused, everything as aiohttp does. These tests hold all three: nothing
+resumed on a connection that never paused, a reader too slow for its upstream still pauses it
+and gets every byte once it catches up, and a pause aiohttp's parser outlives (a review found
+it) does not hold back the end of an answer."""
 
 from __future__ import annotations
 
@@ -104,3 +106,48 @@ async def test_a_slow_reader_pauses_its_upstream_and_still_gets_every_byte(upstr
     assert len(got) == int(response.headers["content-length"]) > 500_000
     assert json.loads(got)["usage"]["completion_tokens"] == 100_000
     assert calls.pauses >= 1
+
+
+class _Transport(asyncio.Transport):
+    """Just enough of a socket transport for a protocol fed by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_pause_at_a_chunks_end_still_lets_the_rest_through():
+    """The case that resuming only a paused connection must not break (a review found it):
+    aiohttp pauses a connection that has buffered too many HTTP chunks unread, from the
+    callback at a chunk's end. When the bytes read end right there, the compiled parser's
+    own pause flag outlives the resume, and stops the parser at the first body bytes of the
+    next read: only another empty feed restarts it, which aiohttp's reader gives on every
+    piece it hands out. Without it the end of this answer waits for bytes that never come."""
+    protocol = relay._Handler(asyncio.get_running_loop())
+    protocol.connection_made(_Transport())
+    protocol.set_response_params(read_bufsize=2**16)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    over = 2**16 // 16 + 1  # aiohttp's StreamReader pauses past limit // 16 chunks unread
+    protocol.data_received(head + b"1\r\nx\r\n" * over)  # ends on the pausing chunk's end
+    _message, payload = await protocol.read()
+    assert protocol._reading_paused  # the chunk-count pause happened
+    async with asyncio.timeout(5):
+        first = await payload.read(over)  # drained: resumed
+        protocol.data_received(b"1\r\ny\r\n" * 3 + b"0\r\n\r\n")
+        rest = await payload.read()
+    assert (first, rest) == (b"x" * over, b"yyy")

@@ -50,6 +50,7 @@ async def answer(body: dict) -> list[dict]:
     messages = [await comm.receive_output(30)]
     while messages[-1]["type"] != "http.response.body" or messages[-1].get("more_body"):
         messages.append(await comm.receive_output(10))
+    assert await comm.receive_nothing(0.2), "a message after the response's end"
     await comm.send_input({"type": "http.disconnect"})
     await comm.wait(5)
     return messages

@@ -75,18 +75,28 @@ _sending: ContextVar[tuple[str, bool]] = ContextVar("gpuproxy_sending", default=
 
 
 class _Handler(ResponseHandler):
-    """aiohttp's connection protocol, less a call per relayed chunk.
+    """aiohttp's connection protocol, less two calls per relayed chunk.
 
     aiohttp's body reader asks its protocol to resume reading each time it hands out a
-    buffered piece below its low-water mark, paused or not, and an unpaused resume still
-    feeds the HTTP parser an empty string and asks the transport to resume. A chunked answer
-    is buffered one HTTP chunk a piece, and an SSE upstream (llama.cpp, vLLM) sends one
-    event per chunk: two parser calls per token. Resuming only what was paused is the same
-    flow control (the parser pauses only through `pause_reading`, which sets the flag);
-    tests/test_relay_flow.py holds it to that."""
+    buffered piece below its low-water mark, paused or not, and a resume feeds the HTTP parser
+    an empty string and asks the transport to resume. A chunked answer is buffered one HTTP
+    chunk a piece, and an SSE upstream (llama.cpp, vLLM) sends one event per chunk: a parser
+    call per token, for nothing while the connection never paused. Once it has paused it
+    resumes as aiohttp does, every time: the compiled parser keeps a pause flag of its own
+    that only a later body callback clears, and an empty feed is what restarts it (a pause
+    set at a chunk's end, just as a read ends, would otherwise hold the rest of the answer
+    until more bytes came). tests/test_relay_flow.py holds both."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._has_paused = False
+
+    def pause_reading(self) -> None:
+        self._has_paused = True
+        super().pause_reading()
 
     def resume_reading(self, resume_parser: bool = True) -> None:
-        if self._reading_paused:
+        if self._has_paused:
             super().resume_reading(resume_parser)
 
 
