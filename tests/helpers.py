@@ -155,3 +155,20 @@ async def runtime_on(config_yaml: str) -> Any:
     parsed = parse_config(config_yaml, {})
     await runtime.run_db(lambda: import_config(parsed))
     return await runtime.get()
+
+
+def chat_communicator(headers: list[tuple[bytes, bytes]] | None = None,
+                      client: str = "127.0.0.1") -> Any:
+    """A POST /v1/chat/completions to the real ASGI application, in-process (Channels'
+    ApplicationCommunicator): the test sends its body and disconnect when it chooses."""
+    from channels.testing import ApplicationCommunicator
+
+    from gpuproxy.asgi import application
+
+    return ApplicationCommunicator(application, {
+        "type": "http", "http_version": "1.1", "method": "POST",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "scheme": "http",
+        "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        "client": (client, 50000), "server": ("127.0.0.1", 8080),
+    })

@@ -22,7 +22,7 @@ from django.test import Client
 from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
 from tests.conftest import FAKE, free_port
-from tests.helpers import runtime_on
+from tests.helpers import chat_communicator, runtime_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,13 +88,7 @@ async def state_where(ws: WebsocketCommunicator, predicate, within: float = 20) 
 
 
 def chat_request(gate: str) -> ApplicationCommunicator:
-    return ApplicationCommunicator(application, {
-        "type": "http", "http_version": "1.1", "method": "POST",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-        "query_string": b"", "root_path": "", "scheme": "http",
-        "headers": [(b"content-type", b"application/json"), (b"x-fake-gate", gate.encode())],
-        "client": ("10.1.2.3", 50000), "server": ("127.0.0.1", 8080),
-    })
+    return chat_communicator([(b"x-fake-gate", gate.encode())], client="10.1.2.3")
 
 
 @pytest.mark.parametrize("staff", [None, False])

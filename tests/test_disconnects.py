@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from urllib.parse import urlsplit
 
 import pytest
 from channels.testing import ApplicationCommunicator
 
-from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
 from gpuproxy.upstream.logbuffer import registry as logs
 from scheduling.core.events import Cancelled, RequestArrived, ServeDone, SwapDone
 from tests import helpers
-from tests.conftest import free_port
+from tests.conftest import FAKE, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAKE = f"{sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
 
 
 def config(start: int) -> str:
@@ -75,14 +72,7 @@ async def upstream_said(model: str, text: str, within: float = 10) -> str:
 
 
 def request(body: dict, headers: list | None = None) -> ApplicationCommunicator:
-    comm = ApplicationCommunicator(application, {
-        "type": "http", "http_version": "1.1", "method": "POST",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-        "query_string": b"", "root_path": "", "scheme": "http",
-        "headers": [(b"content-type", b"application/json"), *(headers or [])],
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
-    })
-    return comm
+    return helpers.chat_communicator(headers)
 
 
 async def send(comm: ApplicationCommunicator, body: dict) -> None:

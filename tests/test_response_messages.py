@@ -9,20 +9,14 @@ PostgreSQL, the real ASGI application."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from channels.testing import ApplicationCommunicator
 
-from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
-from tests.conftest import free_port
-from tests.helpers import runtime_on
+from tests.conftest import FAKE, free_port
+from tests.helpers import chat_communicator, runtime_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-FAKE = f"{sys.executable} -m gpuproxy.testing.fakellm --port ${{PORT}} --model ${{MODEL_ID}}"
-
 
 @pytest.fixture
 async def rt():
@@ -38,13 +32,7 @@ models:
 
 async def answer(body: dict) -> list[dict]:
     """Every message the application sends for one chat request, until the response ends."""
-    comm = ApplicationCommunicator(application, {
-        "type": "http", "http_version": "1.1", "method": "POST",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-        "query_string": b"", "root_path": "", "scheme": "http",
-        "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
-    })
+    comm = chat_communicator()
     await comm.send_input({"type": "http.request", "body": json.dumps(body).encode(),
                            "more_body": False})
     messages = [await comm.receive_output(30)]
