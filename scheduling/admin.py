@@ -283,6 +283,7 @@ class ProxySettingsAdmin(admin.ModelAdmin):
         ("Listing", {"fields": ("include_aliases_in_list",)}),
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),
+        ("Captures", {"fields": ("capture_buffer_mb",)}),
         ("Version", {"fields": ("version",),
                      "description": "Counts the saves; every save bumps it."}),
     )

@@ -56,6 +56,7 @@ class Catalog:
     max_waiting: int = 0
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
     queue_timeout: float = 0.0  # default queue deadline in seconds; 0 = none
+    capture_buffer_mb: int = 0  # `captureBuffer`: memory for /api/captures; 0 = off
     fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:

@@ -98,5 +98,6 @@ def build_catalog() -> Catalog:
         max_waiting_per_band={b: n for b in ("interactive", "normal", "batch")
                               if (n := getattr(settings, f"max_waiting_{b}"))},
         queue_timeout=float(settings.queue_timeout),
+        capture_buffer_mb=settings.capture_buffer_mb,
         fingerprint=stamp,
     )

@@ -69,7 +69,7 @@ _SETTINGS_PATHS = {
     "max_waiting_interactive": "queue.maxWaitingPerBand.interactive",
     "max_waiting_normal": "queue.maxWaitingPerBand.normal",
     "max_waiting_batch": "queue.maxWaitingPerBand.batch",
-    "preload": "hooks.on_startup.preload",
+    "preload": "hooks.on_startup.preload", "capture_buffer_mb": "captureBuffer",
 }
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
                 "persistent": "persistent"}
@@ -228,6 +228,7 @@ class _Import:
             "performance_monitoring": s.performance_monitoring,
             "performance_interval": s.performance_interval, "preload": list(s.preload),
             "max_waiting": s.max_waiting, "queue_timeout": s.queue_timeout,
+            "capture_buffer_mb": s.capture_buffer_mb,
             **{f"max_waiting_{b}": s.max_waiting_per_band.get(b, 0)
                for b in ("interactive", "normal", "batch")},
         })
@@ -426,6 +427,7 @@ def export_config() -> dict[str, Any]:
         "performance": {"disabled": not s.performance_monitoring,
                         "every": format_go_duration(s.performance_interval)},
         "queue": _export_queue(s),
+        "captureBuffer": s.capture_buffer_mb,
         "models": {m.model_id: _export_model(m) for m in defs},
     }
     groups = list(ModelGroup.objects.order_by("group_id"))

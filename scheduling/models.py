@@ -301,6 +301,10 @@ class ProxySettings(models.Model):
     performance_interval = models.FloatField(
         default=5.0, help_text="`performance.every`: seconds between performance samples "
                                "(at least 1; each runs nvidia-smi or rocm-smi).")
+    capture_buffer_mb = models.PositiveIntegerField(
+        default=0, help_text="`captureBuffer`: megabytes of memory for request/response "
+                             "captures (/api/captures/ID); 0 keeps none. Bodies are kept as "
+                             "sent, minus credentials: turn on only where that is acceptable.")
     preload = models.JSONField(
         default=list, blank=True,
         help_text='`hooks.on_startup.preload`: model ids or aliases loaded, in order, when the '

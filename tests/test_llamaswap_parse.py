@@ -47,7 +47,7 @@ def test_fixture_warns_about_exactly_what_gpuproxy_does_not_honour():
     parsed = parse_config(fixture_text(), FIXTURE_ENV)
     assert warned_paths(parsed) == {
         "healthCheckTimeout", "logLevel", "logTimeFormat", "logToStdout", "logRequests",
-        "metricsMaxInMemory", "captureBuffer", "store", "ui", "upstream.ignorePaths",
+        "metricsMaxInMemory", "store", "ui", "upstream.ignorePaths",
         "profiles", "selectors", "peers", "apiKeys[2]",
         "models.llama-8b.filters.setParams.model", "models.qwen-coder.timeouts",
         "models.qwen-coder.compat", "models.embed.healthCheckTimeout", "models.whisper.colour",
@@ -790,7 +790,6 @@ def test_bad_api_keys_are_errors(snippet, path):
     ("logToStdout: both", "logToStdout"),
     ("logRequests: true", "logRequests"),
     ("metricsMaxInMemory: 5", "metricsMaxInMemory"),
-    ("captureBuffer: 5", "captureBuffer"),
     ("store: {path: /tmp/a.sqlite}", "store"),
     ("ui: {activity: {session_id: []}}", "ui"),
     ("performance: {every: 10s, sampleGpus: true}", "performance.sampleGpus"),
@@ -835,3 +834,11 @@ def test_a_clean_config_has_no_warnings():
           m: {cmd: "server --port ${PORT}"}
         """)
     assert parsed.warnings == []
+
+
+def test_capture_buffer_is_read_in_megabytes():
+    """`captureBuffer` (llama-swap: MB of memory for request/response captures; 0 = none)."""
+    base = "models:\n  a:\n    cmd: x --port ${PORT}\n"
+    assert parse(base + "captureBuffer: 5\n").settings.capture_buffer_mb == 5
+    assert parse(base).settings.capture_buffer_mb == 0
+    assert "captureBuffer" in str(error(base + "captureBuffer: -1\n"))

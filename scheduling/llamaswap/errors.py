@@ -26,8 +26,6 @@ TOP_UNSUPPORTED = {
     "logRequests": "not supported by gpuproxy; ignored (llama-swap does not use it either)",
     "metricsMaxInMemory": "not supported by gpuproxy; ignored (the activity log is kept in "
                           "the database)",
-    "captureBuffer": "not supported by gpuproxy; ignored (no request/response captures are "
-                     "kept)",
     "store": "not supported by gpuproxy; ignored (activity is stored in gpuproxy's database)",
     "ui": "not supported by gpuproxy; ignored (gpuproxy has its own admin pages)",
     "profiles": "not supported by gpuproxy; ignored (requested model ids are never rewritten)",

@@ -53,6 +53,7 @@ class ParsedSettings:
     max_waiting: int = 20_000
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
     queue_timeout: int = 0
+    capture_buffer_mb: int = 0
 
 
 @dataclass(frozen=True)

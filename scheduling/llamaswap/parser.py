@@ -34,7 +34,7 @@ def _parse(r: Reader) -> ParsedConfig:
     known_top = {"healthCheckTimeout", "startPort", "sendLoadingState",
                  "includeAliasesInList", "globalTTL", "unloadTimeout", "macros", "apiKeys",
                  "apiKeyHashes", "models", "groups", "routing", "hooks", "performance",
-                 "upstream", "selectors", "queue"}
+                 "upstream", "selectors", "queue", "captureBuffer"}
     for key in data:
         if key in TOP_UNSUPPORTED:
             r.warn(key, TOP_UNSUPPORTED[key])
@@ -134,6 +134,7 @@ def _settings(r: Reader) -> ParsedSettings:
                               minimum=0),
         max_waiting_per_band=per_band,
         queue_timeout=r.integer(queue.get("timeout"), "queue.timeout", 0, minimum=0),
+        capture_buffer_mb=r.integer(data.get("captureBuffer"), "captureBuffer", 0, minimum=0),
     )
 
 
