@@ -16,12 +16,13 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import DataError, IntegrityError, models, transaction
+from django.utils import timezone
 
 from scheduling.llamaswap import (
     DEFAULT_CHECK_ENDPOINT,
@@ -34,8 +35,10 @@ from scheduling.llamaswap import (
     format_go_duration,
     parse_config,
 )
+from scheduling.llamaswap.sources import Source, read_source
 from scheduling.models import (
     ApiKey,
+    ConfigImport,
     ModelDefinition,
     ModelGroup,
     ProxySettings,
@@ -89,12 +92,19 @@ class ImportReport:
     warnings: tuple[str, ...]
     dry_run: bool = False
     derived_slots: tuple[tuple[str, Slots], ...] = ()
+    # True when the content hash equals the last import's (and not forced): nothing written
+    unchanged: bool = False
+    # One line per change, as a person reads it ("model 'x': cmd changed"); no secret values
+    changes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         return bool(self.written or self.deleted)
 
     def summary(self, source: str) -> str:
+        if self.unchanged:
+            return (f"{source} is unchanged since the last import; nothing imported (use "
+                    "--force to import it anyway)")
         verb = "would import" if self.dry_run else "imported"
         line = (f"{verb} {_count(self.models, 'model')}, {_count(self.groups, 'group')}, "
                 f"{_count(self.api_keys, 'api key')} from {source}")
@@ -137,23 +147,57 @@ def load_file(path: str | os.PathLike[str]) -> ParsedConfig:
     return parse_config(text, os.environ)
 
 
-def import_config(parsed: ParsedConfig, *, dry_run: bool = False) -> ImportReport:
+def import_path(path: Path, *, force: bool = False, dry_run: bool = False) -> ImportReport:
+    """Import a config file, or a directory of them merged as llama-swap's `-config-dir`
+    does, unless its content hash equals the last import's (`unchanged`; `force` imports
+    anyway). Records the import (ConfigImport) unless `dry_run`.
+
+    Raises FileNotFoundError when `path` is neither a file nor a directory, ConfigError for
+    anything wrong in the files (nothing is changed then).
+    """
+    source = read_source(Path(path), os.environ)
+    parsed = parse_config(source.text, {} if source.merged else os.environ)
+    last = ConfigImport.last()
+    if not force and last is not None and last.content_hash == source.content_hash:
+        return ImportReport(models=len(parsed.models), groups=len(parsed.groups),
+                            api_keys=len(parsed.api_keys) + len(parsed.api_key_hashes),
+                            written=0, deleted=0, warnings=tuple(parsed.warnings),
+                            dry_run=dry_run, unchanged=True)
+    return import_config(parsed, dry_run=dry_run, source=source)
+
+
+def import_config(parsed: ParsedConfig, *, dry_run: bool = False,
+                  source: Source | None = None) -> ImportReport:
     """Make the database match `parsed`, in one transaction; ConfigError changes nothing.
 
     With `dry_run` every row is still written and validated, then rolled back, so a dry run
-    finds the same errors a real import would.
+    finds the same errors a real import would. With `source` (import_path) the import is
+    recorded as the last one.
     """
     try:
         with transaction.atomic():
+            before = _plain_export()
             report = _Import(parsed).run(dry_run)
+            report = replace(report, changes=describe_changes(before, _plain_export()))
             if dry_run:
                 raise _RollBack(report)
+            if source is not None:
+                _record(source, parsed)
     except _RollBack as rollback:
         return rollback.report
     except (DataError, IntegrityError) as exc:  # full_clean should catch these first
         raise ConfigError("(database)", f"the database refused the import: {exc}; nothing "
                                         "was changed") from exc
     return report
+
+
+def _record(source: Source, parsed: ParsedConfig) -> None:
+    ConfigImport(
+        source_path=str(source.path), files=[str(f) for f in source.files],
+        content_hash=source.content_hash, imported_at=timezone.now(),
+        managed={"models": sorted(m.model_id for m in parsed.models),
+                 "groups": sorted(g.group_id for g in parsed.groups)},
+    ).save()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -415,6 +459,12 @@ def export_config() -> dict[str, Any]:
     Settings are written in full; model entries leave out defaults. API keys can only be
     written as `apiKeyHashes` (the database never had the keys themselves).
     """
+    return _plain_export()
+
+
+def _plain_export() -> dict[str, Any]:
+    """The database in llama-swap's shape, every value as stored (expanded): what the
+    export starts from, and what an import's change lines compare."""
     s = ProxySettings.objects.filter(pk=1).first() or ProxySettings()
     defs = list(ModelDefinition.objects.select_related("group").order_by("model_id"))
     out: dict[str, Any] = {
@@ -456,6 +506,78 @@ def export_yaml() -> str:
               "# extensions (parallel, enabled, apiKeyHashes, the serial scheduler).\n"
               "# `gpuproxy import_config` of this file recreates the same database state.\n")
     return header + dump_yaml(export_config())
+
+
+# --------------------------------------------------------------------------------------------
+# Change lines
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            _flatten(item, f"{path}.{key}" if path else str(key), out)
+    else:
+        out[path] = value
+
+
+def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """One line per change between two `_plain_export()`s, in the file's words.
+
+    Numbers, booleans and settings show old -> new; a model's strings and lists (cmd, env,
+    proxy, ...) only say "changed", since they can hold a secret (a key in an env entry).
+    """
+    lines: list[str] = []
+    old_s: dict[str, Any] = {}
+    new_s: dict[str, Any] = {}
+    skip = ("models", "groups", "apiKeyHashes", "apiKeys")
+    _flatten({k: v for k, v in before.items() if k not in skip}, "", old_s)
+    _flatten({k: v for k, v in after.items() if k not in skip}, "", new_s)
+    for key in sorted(old_s.keys() | new_s.keys()):
+        a, b = old_s.get(key), new_s.get(key)
+        if not _same(a, b):
+            lines.append(f"settings: {key} {_show(a)} -> {_show(b)}")
+    for kind, section in (("model", "models"), ("group", "groups")):
+        old_e, new_e = before.get(section) or {}, after.get(section) or {}
+        for name in sorted(old_e.keys() | new_e.keys()):
+            if name not in new_e:
+                lines.append(f"{kind} {name!r} removed")
+            elif name not in old_e:
+                lines.append(f"{kind} {name!r} added")
+            else:
+                a_e, b_e = old_e[name], new_e[name]
+                for key in sorted(a_e.keys() | b_e.keys(), key=str):
+                    a, b = a_e.get(key), b_e.get(key)
+                    if _same(a, b):
+                        continue
+                    if (a is None or isinstance(a, bool | int | float)) and (
+                            b is None or isinstance(b, bool | int | float)):
+                        lines.append(f"{kind} {name!r}: {key} {_show(a)} -> {_show(b)}")
+                    else:
+                        lines.append(f"{kind} {name!r}: {key} changed")
+    old_k = {k["sha256"]: k for k in before.get("apiKeyHashes") or []}
+    new_k = {k["sha256"]: k for k in after.get("apiKeyHashes") or []}
+    for digest in sorted(old_k.keys() | new_k.keys(),
+                         key=lambda d: (new_k.get(d) or old_k[d])["name"]):
+        if digest not in new_k:
+            lines.append(f"api key {old_k[digest]['name']!r} removed")
+        elif digest not in old_k:
+            lines.append(f"api key {new_k[digest]['name']!r} added")
+        else:
+            for key in ("name", "prefix", "admin"):
+                if old_k[digest][key] != new_k[digest][key]:
+                    lines.append(f"api key {new_k[digest]['name']!r}: {key} "
+                                 f"{_show(old_k[digest][key])} -> {_show(new_k[digest][key])}")
+    return lines
 
 
 def _export_queue(s: ProxySettings) -> dict[str, Any]:

@@ -18,9 +18,15 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from scheduling.catalog_db import build_catalog
-from scheduling.importer import export_config, export_yaml, import_config, load_file
+from scheduling.importer import (
+    export_config,
+    export_yaml,
+    import_config,
+    import_path,
+    load_file,
+)
 from scheduling.llamaswap import ConfigError, parse_config
-from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 from tests.llamaswap_fixture import FIXTURE_ENV, fixture_text
 
 pytestmark = pytest.mark.django_db
@@ -509,3 +515,145 @@ def test_export_command_to_stdout_and_to_a_file(tmp_path):
     out, err = run("export_config", "-o", str(target))
     assert out == "" and str(target) in err
     assert target.read_text(encoding="utf-8") == export_yaml()
+
+
+# --- import_path: the last import, its hash, dry runs, -config-dir -----------------------------
+
+
+def write(path, text: str):
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_import_path_records_the_import_and_skips_an_unchanged_file(tmp_path):
+    path = write(tmp_path / "config.yaml", "models:\n  a: {cmd: s, ttl: 60}\n")
+    report = import_path(path)
+    assert not report.unchanged and report.changes == ["model 'a' added"]
+    last = ConfigImport.last()
+    assert last is not None and last.source_path == str(path)
+    assert last.content_hash == hashlib.sha256(
+        b"config.yaml\0" + path.read_bytes() + b"\0").hexdigest()
+    ModelDefinition.objects.filter(model_id="a").update(ttl=5)  # an edit in the admin
+    again = import_path(path)
+    assert again.unchanged and again.changes == [] and again.written == 0
+    assert ModelDefinition.objects.get(model_id="a").ttl == 5
+    forced = import_path(path, force=True)
+    assert not forced.unchanged and forced.changes == ["model 'a': ttl 5 -> 60"]
+    assert ModelDefinition.objects.get(model_id="a").ttl == 60
+
+
+def test_import_path_sees_a_changed_env_value_as_a_changed_config(tmp_path, monkeypatch):
+    path = write(tmp_path / "config.yaml", "models:\n  a: {cmd: 's ${env.FLAGS}'}\n")
+    monkeypatch.setenv("FLAGS", "-v")
+    import_path(path)
+    assert import_path(path).unchanged
+    monkeypatch.setenv("FLAGS", "-q")
+    report = import_path(path)
+    assert not report.unchanged and report.changes == ["model 'a': cmd changed"]
+    assert ModelDefinition.objects.get(model_id="a").cmd == "s -q"
+
+
+def test_import_path_dry_run_lists_the_changes_and_writes_nothing(tmp_path):
+    import_path(write(tmp_path / "old.yaml", """\
+        globalTTL: 0
+        apiKeyHashes: [{name: ci, sha256: %s, admin: true}]
+        models:
+          x: {cmd: old, ttl: 10}
+          y: {cmd: s}
+        """ % ("a" * 64)))
+    before, last = snapshot(), ConfigImport.last()
+    report = import_path(write(tmp_path / "new.yaml", """\
+        globalTTL: 300
+        apiKeyHashes: [{name: ci, sha256: %s, admin: false}]
+        models:
+          x: {cmd: new, ttl: 20}
+          z: {cmd: s}
+        groups:
+          g: {members: [z]}
+        """ % ("a" * 64)), dry_run=True)
+    assert report.dry_run and not report.unchanged
+    assert report.changes == [
+        "settings: globalTTL 0 -> 300",
+        "model 'x': cmd changed",
+        "model 'x': ttl 10 -> 20",
+        "model 'y' removed",
+        "model 'z' added",
+        "group 'g' added",
+        "api key 'ci': admin true -> false",
+    ]
+    assert snapshot() == before
+    assert ConfigImport.last() == last and ConfigImport.last().files == last.files
+
+
+def test_import_command_dry_run_prints_the_diff(tmp_path):
+    import_path(write(tmp_path / "a.yaml", "models:\n  a: {cmd: s}\n"))
+    path = write(tmp_path / "b.yaml", "globalTTL: 60\nmodels:\n  a: {cmd: s, parallel: 1}\n"
+                                      "  b: {cmd: s, parallel: 1}\n")
+    out, _ = run("import_config", str(path), "--dry-run")
+    assert out.splitlines()[1:] == ["changes it would make:",
+                                    "  settings: globalTTL 0 -> 60",
+                                    "  model 'a': parallel (unset) -> 1",
+                                    "  model 'b' added"]
+    assert list(ModelDefinition.objects.values_list("model_id", flat=True)) == ["a"]
+    out, _ = run("import_config", str(path))
+    assert "changes" not in out
+    out, _ = run("import_config", str(path))
+    assert out == (f"{path} is unchanged since the last import; nothing imported (use --force "
+                   "to import it anyway)\n")
+
+
+def test_a_config_dir_merges_its_yaml_files_in_name_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("KEY", "sk-from-env")
+    write(tmp_path / "10-base.yaml", """\
+        globalTTL: 60
+        apiKeys: ["${env.KEY}"]
+        models:
+          a: {cmd: 'a --port ${PORT}'}
+        hooks:
+          on_startup:
+            preload: [a]
+        """)
+    write(tmp_path / "20-more.yml", """\
+        globalTTL: 60
+        healthCheckTimeout: 30
+        models:
+          b: {cmd: 'b --port ${PORT}', ttl: 5}
+        groups:
+          g: {members: [a, b], swap: false}
+        hooks:
+          on_startup:
+            preload: [b]
+        """)
+    write(tmp_path / "notes.txt", "models: {c: {cmd: c}}\n")  # not a config file
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "x.yaml", "models: {d: {cmd: d}}\n")  # not traversed
+    report = import_path(tmp_path)
+    assert (report.models, report.groups, report.api_keys) == (2, 1, 1)
+    assert list(ModelDefinition.objects.values_list("model_id", "port", "ttl")) == [
+        ("a", 5800, -1), ("b", 5801, 5)]
+    s = ProxySettings.load()
+    assert (s.global_ttl, s.health_check_timeout, s.preload) == (60, 30, ["a", "b"])
+    assert ModelGroup.objects.get().swap is False
+    assert list(ApiKey.objects.values_list("key_hash", flat=True)) == [sha("sk-from-env")]
+    assert ConfigImport.last().files == [str(tmp_path / "10-base.yaml"),
+                                         str(tmp_path / "20-more.yml")]
+    assert import_path(tmp_path).unchanged
+
+
+def test_a_config_dir_with_a_model_in_two_files_names_both(tmp_path):
+    write(tmp_path / "a.yaml", "models:\n  m: {cmd: one}\n")
+    write(tmp_path / "b.yaml", "models:\n  n: {cmd: two}\n  m: {cmd: three}\n")
+    with pytest.raises(ConfigError) as info:
+        import_path(tmp_path)
+    assert str(info.value) == ("models.m: defined in two files (a.yaml and b.yaml); define it "
+                               "in one of them")
+    assert not ModelDefinition.objects.exists() and ConfigImport.last() is None
+
+
+def test_a_config_dir_with_two_values_for_one_setting_is_refused(tmp_path):
+    write(tmp_path / "a.yaml", "globalTTL: 60\nmodels: {}\n")
+    write(tmp_path / "b.yaml", "globalTTL: 90\n")
+    with pytest.raises(ConfigError) as info:
+        import_path(tmp_path)
+    assert str(info.value) == ("globalTTL: b.yaml sets a different value than an earlier "
+                               "file; set it in one file only")

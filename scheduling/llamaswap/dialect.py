@@ -83,6 +83,7 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 
 
 _Dumper.add_representer(str, _represent_str)
+Dumper = _Dumper  # for yaml.serialize of composed nodes (a -config-dir merge, sources.py)
 
 
 def dump_yaml(data: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ from scheduling.llamaswap.dialect import Loader
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.llamaswap.values import describe, join_path
 
-_ENV_REF = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_REF = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _yaml_error(exc: yaml.YAMLError, substituted: bool) -> ConfigError:
@@ -63,7 +63,7 @@ def _escape(value: str, style: str | None) -> str:
     return value
 
 
-def _substitute_env(text: str, env: Mapping[str, str]) -> str:
+def substitute_env(text: str, env: Mapping[str, str]) -> str:
     """Replace `${env.NAME}` in the raw text, as llama-swap does before it reads the YAML.
 
     Only references inside YAML values (or keys) count: the same text inside a comment is
@@ -79,7 +79,7 @@ def _substitute_env(text: str, env: Mapping[str, str]) -> str:
     spans = sorted(_scalar_spans(root, "", set()), key=lambda s: s.start)
     pieces: list[str] = []
     last = 0
-    for match in _ENV_REF.finditer(text):
+    for match in ENV_REF.finditer(text):
         span = next((s for s in spans if s.start <= match.start() and match.end() <= s.end),
                     None)
         if span is None:
@@ -125,7 +125,7 @@ def _check_duplicate_keys(node: yaml.Node | None, path: str, seen: set[int]) -> 
 
 
 def load_yaml(text: str, env: Mapping[str, str]) -> dict[str, Any]:
-    substituted = _substitute_env(text, env)
+    substituted = substitute_env(text, env)
     loader = Loader(substituted)
     try:
         node = loader.get_single_node()
