@@ -25,8 +25,11 @@ from django.db import DataError, IntegrityError, models, transaction
 from django.utils import timezone
 
 from scheduling.llamaswap import (
+    DEFAULT_AGING_DIVISOR,
     DEFAULT_CHECK_ENDPOINT,
     DEFAULT_PROXY,
+    DEFAULT_SCHEDULER,
+    DEFAULT_SWAP_AFFINITY_BONUS,
     ConfigError,
     ParsedConfig,
     ParsedModel,
@@ -35,7 +38,8 @@ from scheduling.llamaswap import (
     format_go_duration,
     parse_config,
 )
-from scheduling.llamaswap.sources import Source, read_source
+from scheduling.llamaswap.sources import Source, raw_document, read_source
+from scheduling.meaning import ExportKey, Restored, api_keys_block, capture, restore
 from scheduling.models import (
     ApiKey,
     ConfigImport,
@@ -197,6 +201,7 @@ def _record(source: Source, parsed: ParsedConfig) -> None:
         content_hash=source.content_hash, imported_at=timezone.now(),
         managed={"models": sorted(m.model_id for m in parsed.models),
                  "groups": sorted(g.group_id for g in parsed.groups)},
+        meaning=capture(raw_document(source), parsed, _plain_export()),
     ).save()
 
 
@@ -456,10 +461,60 @@ def _export_model(m: ModelDefinition) -> dict[str, Any]:
 def export_config() -> dict[str, Any]:
     """The database as a llama-swap-shaped mapping that `import_config` maps back to it.
 
-    Settings are written in full; model entries leave out defaults. API keys can only be
-    written as `apiKeyHashes` (the database never had the keys themselves).
+    Settings are written in full; model entries leave out defaults. Where the last import's
+    file used macros or `${env.…}` and the value is unchanged since, the file's text is
+    written back (scheduling/meaning.py). API keys imported as `${env.X}` are written as
+    that reference under `apiKeys`; the others only as `apiKeyHashes` (the database never
+    had the keys themselves), which `export_document` reports.
     """
-    return _plain_export()
+    restored = _restored()
+    data = dict(restored.data)
+    if restored.api_keys:
+        data["apiKeys"] = list(restored.api_keys)
+    return data
+
+
+def _restored() -> Restored:
+    last = ConfigImport.last()
+    keys = [ExportKey(name=k.name, sha256=k.key_hash, prefix=k.prefix, admin=k.admin)
+            for k in ApiKey.objects.order_by("name")]
+    return restore(_llamaswap_routing(_plain_export()), last.meaning if last else {}, keys)
+
+
+def _llamaswap_routing(plain: dict[str, Any]) -> dict[str, Any]:
+    """`routing.scheduler` as llama-swap reads it where it can: `use` only for fifo (serial,
+    ours, is what a file without it gets here, and llama-swap refuses the name), the serial
+    settings only when not the defaults; nothing when nothing is left."""
+    scheduler = plain["routing"]["scheduler"]
+    settings = dict(scheduler["settings"])
+    if settings["serial"] == {"agingDivisor": DEFAULT_AGING_DIVISOR,
+                              "swapAffinityBonus": DEFAULT_SWAP_AFFINITY_BONUS}:
+        del settings["serial"]
+    out = {"use": scheduler["use"]} if scheduler["use"] != DEFAULT_SCHEDULER else {}
+    if settings:
+        out["settings"] = settings
+    trimmed = {k: v for k, v in plain.items() if k != "routing"}
+    if out:
+        trimmed["routing"] = {"scheduler": out}
+    return trimmed
+
+
+@dataclass(frozen=True)
+class ExportDocument:
+    """The exported YAML, and what a person must know before using it (a key it could not
+    write)."""
+
+    text: str
+    warnings: tuple[str, ...]
+
+
+def export_document() -> ExportDocument:
+    restored = _restored()
+    header = ("# Exported by `gpuproxy export_config`: a llama-swap config plus gpuproxy's\n"
+              "# extensions (parallel, enabled, queue, apiKeyHashes, the serial scheduler's\n"
+              "# settings). `gpuproxy import_config` of this file recreates the same state.\n")
+    text = header + dump_yaml(restored.data) + api_keys_block(restored, dump_yaml)
+    return ExportDocument(text=text, warnings=tuple(restored.warnings))
 
 
 def _plain_export() -> dict[str, Any]:
@@ -502,10 +557,7 @@ def _plain_export() -> dict[str, Any]:
 
 
 def export_yaml() -> str:
-    header = ("# Exported by `gpuproxy export_config`: a llama-swap config plus gpuproxy's\n"
-              "# extensions (parallel, enabled, apiKeyHashes, the serial scheduler).\n"
-              "# `gpuproxy import_config` of this file recreates the same database state.\n")
-    return header + dump_yaml(export_config())
+    return export_document().text
 
 
 # --------------------------------------------------------------------------------------------

@@ -399,8 +399,9 @@ def test_export_is_llama_swap_shaped_and_holds_no_plain_keys():
     assert data["performance"] == {"disabled": True, "every": "90s"}
     assert data["queue"] == {"maxWaiting": 500, "timeout": 120,
                              "maxWaitingPerBand": {"batch": 100}}
+    # `use: serial` is left out: it is what a file without `use` gets here, and llama-swap
+    # refuses the name (its own scheduler is fifo)
     assert data["routing"]["scheduler"] == {
-        "use": "serial",
         "settings": {"serial": {"agingDivisor": 30.0, "swapAffinityBonus": 99},
                      "fifo": {"priority": {"llama-8b": 10, "qwen-coder": 5}}}}
     vllm = data["models"]["vllm-32b"]
@@ -431,7 +432,7 @@ def test_export_writes_fifo_priorities_and_preload():
     data = export_config()
     assert data["hooks"] == {"on_startup": {"preload": ["a"]}}
     assert data["routing"]["scheduler"]["settings"]["fifo"] == {"priority": {"b": 5}}
-    assert data["routing"]["scheduler"]["use"] == "serial"
+    assert "use" not in data["routing"]["scheduler"]  # serial: the default here
 
 
 # --- management commands -----------------------------------------------------------------------

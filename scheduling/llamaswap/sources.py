@@ -15,15 +15,17 @@ config even when no file changed). It is a SHA-256, so no value can be read back
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from scheduling.llamaswap.dialect import Dumper, Loader
 from scheduling.llamaswap.errors import ConfigError
-from scheduling.llamaswap.loading import ENV_REF, substitute_env
+from scheduling.llamaswap.loading import ENV_REF, load_yaml, substitute_env
 
 IDENTITY_MAPS = frozenset({
     "models", "groups", "profiles", "selectors", "peers", "matrix",
@@ -224,3 +226,31 @@ def _merge_value(dst: yaml.MappingNode, key: str, dst_value: yaml.Node, src_valu
     else:
         raise ConfigError(path, f"{source.name} gives a different kind of value (mapping, "
                                 "list or scalar) than an earlier file; make them agree")
+
+
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: plain in any YAML scalar style
+_HELD_REF = re.compile(f"{_OPEN}([A-Za-z_][A-Za-z0-9_]*){_CLOSE}")
+
+
+def _restore_refs(value: Any) -> Any:
+    if isinstance(value, str):
+        return _HELD_REF.sub(lambda m: f"${{env.{m.group(1)}}}", value)
+    if isinstance(value, list):
+        return [_restore_refs(v) for v in value]
+    if isinstance(value, dict):
+        return {_restore_refs(k): _restore_refs(v) for k, v in value.items()}
+    return value
+
+
+def raw_document(source: Source) -> dict[str, Any]:
+    """The document as written: `${env.NAME}` references kept (each held as a token while
+    the YAML is read, since the raw text may not be valid YAML around them) and macros
+    unexpanded. What the export writes back where a value has not changed since."""
+    names = {m.group(1) for text in source.raw_texts for m in ENV_REF.finditer(text)}
+    held = {name: f"{_OPEN}{name}{_CLOSE}" for name in names}
+    if source.merged:
+        text = merge_texts(list(source.files), list(source.raw_texts), held)
+        data = load_yaml(text, {}) if text.strip() else {}
+    else:
+        data = load_yaml(source.text, held)
+    return _restore_refs(data)
