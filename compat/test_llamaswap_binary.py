@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from compat.sidebyside import Side, start_llamaswap
 from scheduling.llamaswap import parse_config
 from tests.conftest import free_port
 from tests.helpers import until
@@ -29,45 +29,20 @@ KEY = {"Authorization": "Bearer sk-alice-7f3a"}  # the fixture's first apiKeys e
 START_COMMAND = re.compile(r"<(?P<model>[^>]+)> Executing start command: (?P<cmd>.*), env: ")
 
 
-class LlamaSwap:
-    def __init__(self, proc: subprocess.Popen, base: str, log: Path) -> None:
-        self.proc, self.base, self.log = proc, base, log
-        self.http = httpx.Client(base_url=base, headers=KEY, timeout=30, trust_env=False)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 @pytest.fixture
 def start_port() -> int:
     return free_port()
 
 
 @pytest.fixture
-def llamaswap(llamaswap_bin: Path, tmp_path: Path, start_port: int) -> Iterator[LlamaSwap]:
+def llamaswap(llamaswap_bin: Path, tmp_path: Path, start_port: int) -> Iterator[Side]:
     data = as_llamaswap()
     data["startPort"] = start_port
-    config = tmp_path / "llama-swap.yaml"
-    config.write_text(yaml.safe_dump(data, sort_keys=False))  # keeps the macros' order
-    listen = free_port()
-    log = tmp_path / "llama-swap.log"
-    proc = subprocess.Popen(
-        [str(llamaswap_bin), "-config", str(config), "-listen", f"127.0.0.1:{listen}"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=tmp_path,
-        env={**os.environ, **FIXTURE_ENV}, start_new_session=True)
-    ls = LlamaSwap(proc, f"http://127.0.0.1:{listen}", log)
-
-    def listening() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"llama-swap refused the fixture (exit {proc.returncode}):\n"
-                        f"{ls.output()}")
-        return "llama-swap listening on" in ls.output()
-
-    until("llama-swap listens", listening, within=30)
+    # yaml.safe_dump(sort_keys=False) keeps the macros' order
+    ls = start_llamaswap(llamaswap_bin, yaml.safe_dump(data, sort_keys=False), tmp_path,
+                         free_port(), key=KEY["Authorization"].split()[-1], env=FIXTURE_ENV)
     yield ls
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(30)
-    ls.http.close()
+    ls.stop()
 
 
 def ours(serve, start_port: int):

@@ -5,17 +5,14 @@ llama-swap answers is the expectation."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from compat.sidebyside import start_llamaswap
 from tests.conftest import free_port
-from tests.helpers import until
 
 KEY = "sk-cors-compat"
 CONFIG = f"""
@@ -41,25 +38,9 @@ PREFLIGHTS = [
 
 @pytest.fixture
 def llamaswap(llamaswap_bin: Path, tmp_path: Path) -> Iterator[httpx.Client]:
-    config = tmp_path / "llama-swap.yaml"
-    config.write_text(CONFIG)
-    listen = free_port()
-    log = tmp_path / "llama-swap.log"
-    proc = subprocess.Popen(
-        [str(llamaswap_bin), "-config", str(config), "-listen", f"127.0.0.1:{listen}"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
-
-    def listening() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"llama-swap exited ({proc.returncode}):\n{log.read_text()}")
-        return "llama-swap listening on" in log.read_text(errors="replace")
-
-    until("llama-swap listens", listening, within=30)
-    with httpx.Client(base_url=f"http://127.0.0.1:{listen}", trust_env=False,
-                      timeout=10) as http:
-        yield http
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(30)
+    ls = start_llamaswap(llamaswap_bin, CONFIG, tmp_path, free_port())
+    yield ls.http
+    ls.stop()
 
 
 def cors(r: httpx.Response) -> tuple:
