@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/queue", views.queue),
     path("metrics", views.metrics_view),
     path("", include("gpuproxy.api.activity_urls")),
+    path("", include("gpuproxy.api.live_urls")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),

@@ -1,19 +1,45 @@
-"""The requests an upstream is answering right now, for the dashboard (and its cancel button).
+"""The requests an upstream is answering right now, for the dashboard (and its cancel button)
+and llama-swap's `/api/events` `inflight` rows.
 
 The proxy consumer registers a request when the scheduler grants it and forgets it when it
 ends; everything runs on the server's event loop, so a plain dict is enough. An entry reads
 the consumer's live `RequestRecord` (bytes relayed so far, first byte) instead of copying it.
+Its request headers are kept redacted from the start (`REDACTED_HEADERS`, llama-swap's list):
+a view of a request in flight may reach another client, never a credential.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from activity.record import RequestRecord
 from scheduling.core.priority import band
+
+# The headers whose values a view never shows (llama-swap's `sensitiveHeaders`).
+REDACTED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie",
+                              "x-api-key"})
+REDACTED = "[REDACTED]"
+
+
+def redacted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """ASGI headers as llama-swap's `req_headers`: one value per name (the first), in the
+    canonical Go spelling (`Content-Type`), credentials replaced by `[REDACTED]`."""
+    out: dict[str, str] = {}
+    for key, value in raw:
+        name = "-".join(p.capitalize() for p in key.decode("latin-1").split("-"))
+        if name not in out:
+            out[name] = (REDACTED if name.lower() in REDACTED_HEADERS
+                         else value.decode("latin-1"))
+    return out
+
+
+def rfc3339(wall: float) -> str:
+    """A wall-clock instant as Go's `time.Time` JSON (RFC 3339, UTC, `Z`)."""
+    return dt.datetime.fromtimestamp(wall, tz=dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(eq=False)
@@ -21,9 +47,22 @@ class InFlight:
     rec: RequestRecord
     model: str
     cancel: Callable[[], None]  # ends the request on an operator's word
+    headers: dict[str, str] = field(default_factory=dict)  # redacted (`redacted_headers`)
+    remote_ip: str = ""  # the peer's address (the record's `client` becomes the key's name)
+
+    @classmethod
+    def of(cls, rec: RequestRecord, model: str, cancel: Callable[[], None],
+           scope: dict[str, Any]) -> InFlight:
+        """An entry for the ASGI request `scope`: its headers redacted once, here."""
+        client = scope.get("client") or ("", 0)
+        return cls(rec, model, cancel, redacted_headers(scope.get("headers", ())),
+                   client[0] or "")
 
     def view(self, now: float) -> dict[str, Any]:
+        """The dashboard's fields, then llama-swap's `InflightRequestEntry` ones (its
+        `timestamp` and `elapsed_ms` count from the request's arrival, as there)."""
         r = self.rec
+        arrived_wall = time.time() - (now - r.received)
         return {
             "id": str(r.request_id),
             "model": self.model,
@@ -34,6 +73,14 @@ class InFlight:
             "stream": r.stream,
             "elapsed_s": round(now - (r.dispatched or r.received), 3),
             "bytes": r.bytes_out,
+            "timestamp": rfc3339(arrived_wall),
+            "req_path": r.path,
+            "method": r.method,
+            "req_headers": self.headers,
+            "remote_ip": self.remote_ip,
+            "resp_headers": {},
+            "resp_bytes": r.bytes_out,
+            "elapsed_ms": int((now - r.received) * 1000),
         }
 
 

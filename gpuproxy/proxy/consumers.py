@@ -443,7 +443,7 @@ class ProxyConsumer(UpstreamExchange):
             rec.dispatched = time.monotonic()
             rec.dispatch = grant.dispatch
             rec.swap_s = grant.swap_wait
-            inflight.add(inflight.InFlight(rec, grant.model, self.cancel_by_admin))
+            inflight.add(inflight.InFlight.of(rec, grant.model, self.cancel_by_admin, self.scope))
             try:
                 again = await self.relay(grant.model, upstream_path, body, retry=retry,
                                          requeue=retry and attempt < WAITS)

@@ -347,5 +347,8 @@ class Hub:
                         reverse=True)[:RECENT]
         return {"in_flight": in_flight, "recent": recent, "history": HISTORY.view()}
 
+    async def rpc_performance(self, link: _Link, after: float | None) -> dict[str, Any] | None:
+        return local.local_performance(after)
+
     async def rpc_cancel_request(self, link: _Link, request_id: str) -> bool:
         return any(done for _, done in await self.gather("cancel_request", request_id))

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from activity.writer import writer as activity_writer
-from gpuproxy.observe import inflight
+from gpuproxy.observe import inflight, published
 from gpuproxy.observe.history import HISTORY
+from gpuproxy.observe.perf import history as perf_history
 from gpuproxy.shell.instance import DatabaseStatus
 from gpuproxy.upstream.logbuffer import registry as log_registry
 
@@ -69,3 +70,10 @@ def local_requests() -> dict[str, Any]:
     return {"in_flight": inflight.snapshot(), "recent": HISTORY.recent_rows()}
 
 
+def local_performance(after: float | None) -> dict[str, Any] | None:
+    """This process's performance monitor's last hour; None when it has none or it is off
+    (under `serve --workers N` only the scheduler process samples: one `nvidia-smi` per box)."""
+    monitor = published.perf_monitor()
+    if monitor is None or not monitor.enabled:
+        return None
+    return perf_history.performance(monitor.history(), after)

@@ -120,6 +120,11 @@ class ProxyPort(Protocol):
         """End one request in flight on an operator's word, whichever process serves it."""
         ...
 
+    async def performance(self, after: float | None) -> dict[str, Any] | None:
+        """`/api/performance`'s body from the one performance monitor (the scheduler
+        process's), samples after `after` (Unix time) or all; None while monitoring is off."""
+        ...
+
     def watch_changes(self, on: bool) -> None:
         """A dashboard opened (True) or closed here: it wakes on `published.on_change`, which
         the scheduler's events must reach in this process."""

@@ -386,6 +386,10 @@ class RemoteRuntime:
     async def cancel_request(self, request_id: str) -> bool:
         return bool(await self.call("cancel_request", request_id))
 
+    async def performance(self, after: float | None) -> dict[str, Any] | None:
+        answer: dict[str, Any] | None = await self.call("performance", after)
+        return answer
+
     def database_problem(self) -> str | None:
         return local.describe_database(self.db_status)
 

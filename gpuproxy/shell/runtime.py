@@ -34,6 +34,7 @@ from gpuproxy.shell.local import (
     describe_database,
     local_log_feed,
     local_metrics_text,
+    local_performance,
     local_requests,
 )
 from gpuproxy.shell.port import ProxyPort
@@ -263,6 +264,9 @@ class Runtime:
 
     async def cancel_request(self, request_id: str) -> bool:
         return inflight.cancel(request_id)
+
+    async def performance(self, after: float | None) -> dict[str, Any] | None:
+        return local_performance(after)
 
     def watch_changes(self, on: bool) -> None:
         pass  # the run loop publishes in this very process

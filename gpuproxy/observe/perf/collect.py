@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,6 +31,12 @@ logger = logging.getLogger("gpuproxy.observe.perf.collect")
 
 MIN_EVERY = 0.01  # the settings refuse < 1 s; this only stops a bypassed value from busy-looping
 MAX_EVERY = 86400.0  # a timer a day away is as good as none; an infinite one breaks the loop
+HISTORY_SECONDS = 3600.0  # `/api/performance` keeps the last hour, as llama-swap's ring does
+HISTORY_MAX = 36000  # samples, whatever `every` is: a bound on memory
+
+
+def _history_size(every: float) -> int:
+    return max(1, min(int(HISTORY_SECONDS / every), HISTORY_MAX))
 
 
 def _sane_every(every: float) -> float:
@@ -58,10 +65,15 @@ class PerfMonitor:
         self._lock = asyncio.Lock()  # one sample at a time: the background's and sample_now()'s
         self._waiters: list[asyncio.Future[SystemSample]] = []
         self._sampler = Sampler(gpu_timeout=gpu_timeout)
+        self._history: deque[SystemSample] = deque(maxlen=_history_size(self._every))
 
     @property
     def latest(self) -> SystemSample | None:
         return self._latest
+
+    def history(self) -> list[SystemSample]:
+        """The samples of the last hour, oldest first (llama-swap's `/api/performance`)."""
+        return list(self._history)
 
     @property
     def enabled(self) -> bool:
@@ -79,6 +91,9 @@ class PerfMonitor:
         if not enabled:
             self._generation += 1
             self._latest = None
+            self._history.clear()
+        if every != self._every:  # the ring holds an hour at the new pace
+            self._history = deque(self._history, maxlen=_history_size(every))
         self._enabled = enabled
         self._every = every
         self._changed.set()
@@ -113,6 +128,7 @@ class PerfMonitor:
             if not self._enabled or generation != self._generation:
                 return None
             self._latest = sample
+            self._history.append(sample)
             waiters, self._waiters = self._waiters, []
             for waiter in waiters:
                 if not waiter.done():
