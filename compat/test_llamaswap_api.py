@@ -111,11 +111,14 @@ ALLOWED_DIFFERENCES: tuple[Difference, ...] = (
                "checks the status is unaffected"),
     Difference("POST /api/models/unload/{model} (unknown)", "error.code",
                '"model_not_found"', '"not_found"', "the same code as for inference"),
+    Difference("GET /logs/stream/{model} (unknown)", "error.code",
+               '"unknown_log_source"', '"bad_request"',
+               "says what is wrong; the message lists what may follow /logs/stream/"),
     Difference("GET /api/captures/{id} (unknown)", "error.code",
                '"capture_not_found"', '"not_found"',
                "says what was not found; the message says why a capture can be missing"),
     # Anthropic's paths answer Anthropic's error shape (issue 18, item 6), which its SDK reads;
-    # llama-swap answers them with its OpenAI envelope.  <!-- TODO issue 18: confirm -->
+    # llama-swap answers them with its OpenAI envelope.
     Difference("POST /v1/messages (unknown model)", "type", "string", "absent",
                "Anthropic's error shape: `{\"type\": \"error\", \"error\": {\"type\", "
                "\"message\"}}`, what the Anthropic SDK parses"),
@@ -335,6 +338,8 @@ CASES = [
     Case("GET /v1/models", "GET", "/v1/models", key_by={"data": "id"}),
     Case("GET /models", "GET", "/models", key_by={"data": "id"}),
     Case("POST /v1/chat/completions", "POST", "/v1/chat/completions", {"json": CHAT}),
+    Case("POST /v1/chat/completions (alias)", "POST", "/v1/chat/completions",
+         {"json": {**CHAT, "model": "gpt-a"}}),
     Case("POST /v1/completions", "POST", "/v1/completions",
          {"json": {"model": "chat-a", "prompt": "hi", "max_tokens": 3}}),
     Case("POST /v1/embeddings", "POST", "/v1/embeddings",
@@ -348,6 +353,7 @@ CASES = [
     Case("POST /v1/chat/completions (bad key)", "POST", "/v1/chat/completions",
          {"json": CHAT, **WRONG_KEY}, headers=("www-authenticate",)),
     Case("GET /logs", "GET", "/logs"),
+    Case("GET /logs/stream/{model} (unknown)", "GET", "/logs/stream/no-such-model"),
     Case("GET /upstream/{model}/...", "GET", "/upstream/chat-a/v1/models"),
     Case("GET /upstream/{model}", "GET", "/upstream/chat-a"),
     Case("POST /upstream/{model}", "POST", "/upstream/chat-a", {"json": {}}),
@@ -356,6 +362,12 @@ CASES = [
     Case("GET /api/metrics/activity", "GET", "/api/metrics/activity",
                       before=(LOAD_A,), opaque=("data[].metadata",)),
     Case("GET /api/metrics/stats", "GET", "/api/metrics/stats", before=(LOAD_A,)),
+    Case("GET /api/metrics/activity (filtered, sorted)", "GET", "/api/metrics/activity",
+         {"params": {"model": "chat-a", "limit": 2, "page": 1, "sort": "duration",
+                     "order": "asc"}},
+         before=(LOAD_A, LOAD_A, LOAD_A), opaque=("data[].metadata",)),
+    Case("GET /api/metrics/stats?model=", "GET", "/api/metrics/stats",
+         {"params": {"model": "chat-a"}}, before=(LOAD_A,)),
     Case("GET /api/hardware", "GET", "/api/hardware",
                       # what is detected differs by machine and by detector: the sections only
                       opaque=("architecture", "operating_system", "environment", "cpu",
