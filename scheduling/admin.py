@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString
 
 from scheduling import live as control
 from scheduling.guarantees import guarantees, parse_number
-from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 
 logger = logging.getLogger("gpuproxy.admin")
 
@@ -108,8 +108,35 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
     return done
 
 
+def managed_by(kind: str, name: str | None) -> str | None:
+    """The config file that defines this row, if the last import's did: the admin says so,
+    since the next import of a changed file puts the file's values back (`kind` is a key of
+    ConfigImport.managed; `name` None for the settings, which every file defines)."""
+    last = ConfigImport.last()
+    if last is None:
+        return None
+    if name is not None and name not in last.managed.get(kind, []):
+        return None
+    return last.source_path
+
+
+class ManagedBanner(admin.ModelAdmin):
+    """Adds `managed_by` to the change page (templates/admin/scheduling/managed_banner.html)."""
+
+    managed_kind = ""
+
+    def managed_name(self, obj) -> str | None:
+        return None
+
+    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
+                           form_url="", obj=None):
+        if obj is not None and obj.pk is not None:
+            context["managed_by"] = managed_by(self.managed_kind, self.managed_name(obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
 @admin.register(ModelDefinition)
-class ModelDefinitionAdmin(admin.ModelAdmin):
+class ModelDefinitionAdmin(ManagedBanner):
     # "live_state" is replaced per request by a column that reads the proxy once per page
     list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
                     "concurrency_limit", "slots")
@@ -118,6 +145,7 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
     list_select_related = ("group",)
     readonly_fields = ("live_state", "slots")
     actions = ("load_models", "unload_models", "restart_models")
+    managed_kind = "models"
     fieldsets = (
         ("Identity", {"fields": ("model_id", "live_state", "enabled", "name", "description",
                                  "aliases", "unlisted", "group")}),
@@ -134,6 +162,9 @@ class ModelDefinitionAdmin(admin.ModelAdmin):
                                 "set_params_by_id")}),
         ("Listing", {"fields": ("metadata", "capabilities"), "classes": ("collapse",)}),
     )
+
+    def managed_name(self, obj: ModelDefinition) -> str | None:
+        return obj.model_id
 
     def get_fieldsets(self, request: HttpRequest, obj: ModelDefinition | None = None):
         if obj is not None:
@@ -253,13 +284,17 @@ class MemberInline(admin.TabularInline):
 
 
 @admin.register(ModelGroup)
-class ModelGroupAdmin(admin.ModelAdmin):
+class ModelGroupAdmin(ManagedBanner):
     list_display = ("group_id", "swap", "exclusive", "persistent")
     inlines = [MemberInline]
+    managed_kind = "groups"
+
+    def managed_name(self, obj: ModelGroup) -> str | None:
+        return obj.group_id
 
 
 @admin.register(ProxySettings)
-class ProxySettingsAdmin(admin.ModelAdmin):
+class ProxySettingsAdmin(ManagedBanner):
     """One change page: no add, no delete; the list redirects to the single row.
 
     The page shows what the scheduler values guarantee (scheduling/guarantees.py), rendered
@@ -313,7 +348,7 @@ class ProxySettingsAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ManagedBanner):
     """The key is generated on creation, shown once in a message, and stored hashed: no page
     can show it again, because nothing but its SHA-256 and first characters is kept."""
 
@@ -322,6 +357,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ("name", "prefix")
     readonly_fields = ("prefix", "created_at")
     fields = ("name", "admin", "prefix", "created_at")
+    managed_kind = "api_keys"
+
+    def managed_name(self, obj: ApiKey) -> str | None:
+        return obj.key_hash
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
         if not change:

@@ -200,7 +200,9 @@ def _record(source: Source, parsed: ParsedConfig) -> None:
         source_path=str(source.path), files=[str(f) for f in source.files],
         content_hash=source.content_hash, imported_at=timezone.now(),
         managed={"models": sorted(m.model_id for m in parsed.models),
-                 "groups": sorted(g.group_id for g in parsed.groups)},
+                 "groups": sorted(g.group_id for g in parsed.groups),
+                 "api_keys": sorted({*map(hash_key, parsed.api_keys),
+                                     *(k.sha256 for k in parsed.api_key_hashes)})},
         meaning=capture(raw_document(source), parsed, _plain_export()),
     ).save()
 

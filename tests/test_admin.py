@@ -583,3 +583,43 @@ def test_restart_of_an_idle_model_replaces_its_process(serve):
                    and running(proxy)["solo"]["pid"] != old_pid))
     assert process_gone(old_pid)
     assert until("the list says ready", lambda: live_cell(h, solo) == "ready")
+
+
+# ---- rows the config file manages --------------------------------------------------------------
+
+BANNER = "edits here are replaced when the file changes"
+
+
+@pytest.mark.django_db
+def test_pages_of_what_the_file_defines_say_it_manages_them(client, tmp_path, settings_url):
+    from scheduling.importer import import_path
+    from scheduling.models import ModelGroup
+
+    config = tmp_path / "config.yaml"
+    config.write_text("apiKeys: [sk-file-key-123]\nmodels:\n  filed: {cmd: s}\n"
+                      "groups:\n  g: {members: [filed]}\n", encoding="utf-8")
+    import_path(config)
+    made_here = ModelDefinition.objects.create(model_id="made-here", cmd="x",
+                                               proxy="http://127.0.0.1:1")
+    key = ApiKey(name="made-here")
+    key.set_key("sk-gp-made-here-0")
+    key.save()
+    banner = f"Managed by {config}: {BANNER}."
+
+    def page(name: str, obj) -> str:
+        return page_text(client.get(reverse(f"admin:scheduling_{name}_change", args=[obj.pk])))
+
+    assert banner in page("modeldefinition", ModelDefinition.objects.get(model_id="filed"))
+    assert banner in page("modelgroup", ModelGroup.objects.get(group_id="g"))
+    assert banner in page("apikey", ApiKey.objects.get(prefix="sk-fi"))
+    assert banner in page_text(client.get(settings_url))
+    assert BANNER not in page("modeldefinition", made_here)
+    assert BANNER not in page("apikey", key)
+    assert BANNER not in page_text(client.get(reverse(MODEL_ADD)))
+
+
+@pytest.mark.django_db
+def test_without_an_import_no_page_says_it_is_managed(client, two_models, settings_url):
+    assert BANNER not in page_text(client.get(settings_url))
+    assert BANNER not in page_text(client.get(
+        reverse("admin:scheduling_modeldefinition_change", args=[two_models[0].pk])))
