@@ -190,13 +190,16 @@ def sse_events(text: str) -> list[Any]:
     return events
 
 
-def read_events(side: Side, want: set[str], within: float = 5.0) -> dict[str, Any]:
+def read_events(side: Side, want: set[str], within: float = 15.0, quiet: float = 3.0
+                ) -> dict[str, Any]:
     """The first frame of each `type` on `GET /api/events` (llama-swap's `event: message`,
     `data: {"type", "data": "<json>"}`), read until every type in `want` came or `within`
-    seconds passed; the status and media type under `status`."""
+    seconds passed, or nothing came for `quiet` seconds (the initial payload is over); the
+    status and media type under `status`."""
     first: dict[str, Any] = {}
     deadline = time.monotonic() + within
-    with side.http.stream("GET", "/api/events", timeout=within) as r:
+    with side.http.stream("GET", "/api/events",
+                          timeout=httpx.Timeout(within, read=quiet)) as r:
         first["status"] = (r.status_code, media_type(r))
         if r.status_code != 200:
             return first
@@ -208,5 +211,5 @@ def read_events(side: Side, want: set[str], within: float = 5.0) -> dict[str, An
                 if want <= set(first) or time.monotonic() > deadline:
                     break
         except httpx.ReadTimeout:
-            pass  # nothing more came: what did come is the answer
+            pass  # a quiet stream: what came is its initial payload
     return first
