@@ -13,8 +13,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import yaml
 
-from scheduling.importer import export_yaml, import_config
+from scheduling.importer import export_document, export_yaml, import_config, import_path
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
 
@@ -128,7 +129,7 @@ def test_the_llama_swap_example_imports_with_the_values_it_spells_out(example_te
 def test_example_warnings_name_every_unsupported_section_in_it(example_text):
     parsed = parse_config(example_text, EXAMPLE_ENV)
     expected = {
-        "logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui",
+        "logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "ui",
         "upstream.ignorePaths", "profiles", "selectors", "peers",
         "routing.router.settings.matrix", "models.gpt-oss-120b.timeouts",
         "models.gpt-oss-120b.compat",
@@ -157,3 +158,32 @@ def test_example_survives_export_and_import_unchanged(example_text):
     assert (report.written, report.deleted) == (0, 0)
     assert sorted(ModelDefinition.objects.values_list("model_id", "cmd", "proxy",
                                                       "aliases")) == before
+
+
+@pytest.mark.django_db
+def test_the_example_exports_with_its_env_keys_and_the_names_it_skipped(
+        example_text, tmp_path, monkeypatch):
+    """What the import skipped with a warning (a selector in preload, priorities and group
+    members naming no model) and the keys it read from the environment are written back;
+    its two literal keys, whose values are not stored, are named in warnings."""
+    for name, value in EXAMPLE_ENV.items():
+        monkeypatch.setenv(name, value)
+    source = tmp_path / "config.yaml"
+    source.write_text(example_text, encoding="utf-8")
+    import_path(source)
+    document = export_document()
+    data = yaml.safe_load(document.text)
+    assert data["apiKeys"] == ["${env.API_KEY_1}", "${env.API_KEY_2}"]
+    assert "sk-hunter2" not in document.text and "sk-env-one" not in document.text
+    hunter = f"config-{sha('sk-hunter2')[:8]}"
+    assert [w.split(" (", 1)[0] for w in document.warnings] == sorted(
+        [f"API key {hunter!r}",
+         f"API key 'config-{sha(EXAMPLE_LITERAL_KEY)[:8]}'"])
+    assert data["hooks"] == {"on_startup": {"preload": ["llama"]}}
+    assert data["routing"]["scheduler"] == {"use": "fifo", "settings": {"fifo": {
+        "priority": {"A": 10, "B": 5, "C": 5, "D": 1}}}}
+    assert data["groups"]["forever"]["members"] == ["forever-modelA", "forever-modelB",
+                                                    "forever-modelc"]
+
+
+EXAMPLE_LITERAL_KEY = "sk-gyCPiKUcIfPlaM4OSMZekkprgijPx6+OsmQs8Rsg0xZ9qpy6gKWsIKqHOk+cgXVx"
