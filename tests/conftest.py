@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -113,12 +114,13 @@ def processes_matching(fragment: str) -> list[int]:
 
 
 class Proxy:
-    def __init__(self, proc: subprocess.Popen, base: str, log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, base: str, log: Path,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.proc = proc
         self.base = base
         self.log = log
         self.workers = 1  # `serve --workers N`
-        self.http = httpx.Client(base_url=base, timeout=60, trust_env=False)
+        self.http = httpx.Client(base_url=base, timeout=60, trust_env=False, verify=verify)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -141,7 +143,10 @@ def serve_workers(request: pytest.FixtureRequest) -> int:
 def serve(tmp_path: Path, serve_workers: int) -> Iterator:
     started: list[Proxy] = []
 
-    def start(config: str, extra_env: dict[str, str] | None = None) -> Proxy:
+    def start(config: str, extra_env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+              https_ca: Path | None = None) -> Proxy:
+        """`args`: more serve flags; `https_ca`: serve speaks HTTPS with a certificate this
+        CA file vouches for (the flags that make it are in `args`)."""
         if "${PORT}" in config and "startPort:" not in config:
             pytest.fail("the config hands out ${PORT} from the default startPort, 5800, the "
                         "demo's (`make run`); give it `startPort: {free_port()}`")
@@ -153,9 +158,10 @@ def serve(tmp_path: Path, serve_workers: int) -> Iterator:
                "GPUPROXY_DATA_DIR": str(tmp_path / "data"), **(extra_env or {})}
         proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
-             "--listen", f"127.0.0.1:{port}", "--workers", str(serve_workers)],
+             "--listen", f"127.0.0.1:{port}", "--workers", str(serve_workers), *args],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-        p = Proxy(proc, f"http://127.0.0.1:{port}", log)
+        p = Proxy(proc, f"{'https' if https_ca else 'http'}://127.0.0.1:{port}", log,
+                  verify=ssl.create_default_context(cafile=https_ca) if https_ca else True)
         p.workers = serve_workers
         started.append(p)
         deadline = time.monotonic() + 60

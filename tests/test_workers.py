@@ -7,10 +7,12 @@ of all of them, the choice of N.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from gpuproxy.management.workers import default_workers
+from gpuproxy.management.workers import Supervisor, default_workers
 from gpuproxy.observe.exposition import merge
 from gpuproxy.shell import wire
 from scheduling.core.errors import ConcurrencyLimit, ModelNotFound
@@ -222,7 +224,8 @@ def test_sighup_rereads_the_definitions_in_every_process(serve):
     """With the periodic check an hour apart and the change made behind Django's back (no
     save signal, no NOTIFY), only SIGHUP can apply it; with `--workers 2` it is the
     supervisor's SIGHUP, passed to the scheduler process, whose new catalog reaches both
-    request processes (each scrape below may land on either)."""
+    request processes (each scrape below may land on either). Serve was given a config
+    file, unchanged: SIGHUP re-imports nothing, and re-reads the database all the same."""
     from django.db import connection
 
     port = free_port()
@@ -239,6 +242,31 @@ def test_sighup_rereads_the_definitions_in_every_process(serve):
         proxy.proc.send_signal(signal.SIGHUP)
         until(f"every process lists {text!r}", lambda text=text: described() == {text})
     assert proxy.proc.poll() is None
+
+
+def test_a_sighup_while_the_scheduler_process_starts_waits_until_it_is_ready():
+    """Passed on at once, it would end a scheduler process that has not yet put its handler
+    in place (SIGHUP's default), or be ignored and lost: the supervisor holds one SIGHUP for
+    it and passes it on once the process says it is ready."""
+    sent: list[int] = []
+    with socket.socket() as sock:
+        supervisor = Supervisor("127.0.0.1", 1, sock, 1, Path("unused.sock"), grace=1.0)
+    process = supervisor.scheduler
+    process.signal = sent.append  # type: ignore[method-assign]
+
+    async def start() -> bool:
+        assert sent == []  # nothing reached it while it started
+        process.ready = True
+        return True
+
+    process.start = start  # type: ignore[method-assign]
+    supervisor._on_hangup()
+    supervisor._on_hangup()  # two while it starts: one reload
+    assert sent == []
+    assert asyncio.run(supervisor._start_scheduler())
+    assert sent == [signal.SIGHUP]
+    supervisor._on_hangup()  # once it runs: at once
+    assert sent == [signal.SIGHUP, signal.SIGHUP]
 
 
 @pytest.mark.parametrize("serve_workers", [2])

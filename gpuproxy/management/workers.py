@@ -10,8 +10,11 @@ Stopping: SIGTERM or SIGINT to the supervisor reaches every process. The request
 drain as a one-process `serve` does (503 `shutting_down` for new requests, the grace period
 for those in flight); the scheduler process answers every queued request 503 at once, waits
 for the request processes to leave, then stops the upstreams. A second signal cuts the drain
-short, as it does with one process. SIGHUP to the supervisor makes the scheduler process
-re-read the definitions.
+short, as it does with one process. SIGHUP to the supervisor reaches the scheduler process
+(once it is ready: one that arrives while it starts is passed on when it is), which re-imports
+the config file (`-config`, `-config-dir`) or, without one, re-reads the definitions; it also
+owns `-watch-config`. The request processes ignore SIGHUP: their catalog is the scheduler
+process's. With TLS, each request process wraps the inherited socket itself.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+
+from gpuproxy.management.config_watch import ConfigSource, Reimporter, on_sighup
 
 logger = logging.getLogger("gpuproxy.serve")
 
@@ -69,11 +74,13 @@ class _Process:
         self.args = args
         self.pass_fds = pass_fds
         self.proc: asyncio.subprocess.Process | None = None
+        self.ready = False  # this run said it was ready (its signal handlers are in place)
 
     async def start(self, within: float = 120.0) -> bool:
         """Start it and wait until it says it is ready (a byte on its ready pipe); False,
         with the process killed, when it exits or hangs first."""
         loop = asyncio.get_running_loop()
+        self.ready = False
         read_end, write_end = os.pipe()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -96,7 +103,8 @@ class _Process:
                          self.name, self.proc.pid, within)
             self.signal(signal.SIGKILL)
             await self.proc.wait()
-        return said == b"1"
+        self.ready = said == b"1"
+        return self.ready
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -106,18 +114,28 @@ class _Process:
 
 class Supervisor:
     def __init__(self, host: str, port: int, sock: socket.socket, workers: int,
-                 hub: Path, grace: float) -> None:
+                 hub: Path, grace: float, tls: tuple[str, str] | None = None,
+                 config: Path | None = None, watch: bool = False) -> None:
         self.host, self.port = host, port
         self.sock = sock
         self.grace = grace
+        self.scheme = "https" if tls else "http"
         family = "INET6" if sock.family == socket.AF_INET6 else "INET"
-        self.scheduler = _Process("the scheduler process", ["--role", "scheduler", "--hub",
-                                                            str(hub)])
+        scheduler_args = ["--role", "scheduler", "--hub", str(hub)]
+        if config is not None:
+            # What SIGHUP and -watch-config re-import; the start's import is done already.
+            scheduler_args += ["--config-dir" if config.is_dir() else "--config", str(config)]
+            if watch:
+                scheduler_args.append("--watch-config")
+        self.scheduler = _Process("the scheduler process", scheduler_args)
+        worker_args = ["--role", "worker", "--hub", str(hub), "--listen", f"{host}:{port}",
+                       "--fd", f"{sock.fileno()}:{family}"]
+        if tls is not None:
+            worker_args += ["--tls-cert-file", tls[0], "--tls-key-file", tls[1]]
         self.workers = [
-            _Process(f"request process {i}", [
-                "--role", "worker", "--hub", str(hub), "--listen", f"{host}:{port}",
-                "--fd", f"{sock.fileno()}:{family}"], pass_fds=(sock.fileno(),))
+            _Process(f"request process {i}", worker_args, pass_fds=(sock.fileno(),))
             for i in range(1, workers + 1)]
+        self.hangup_waiting = False  # a SIGHUP came while the scheduler process was starting
         self.signals = 0
         self.failure: str | None = None
         self._stop = asyncio.Event()
@@ -130,14 +148,29 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop, signal.Signals(signum).name)
-        loop.add_signal_handler(signal.SIGHUP, self.scheduler.signal, signal.SIGHUP)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
         try:
             await self._serve(loop)
         finally:
             self.sock.close()
 
+    def _on_hangup(self) -> None:
+        """Pass SIGHUP on once the scheduler process handles it: before, it would end it
+        (the default), or be ignored and lost."""
+        if self.scheduler.ready:
+            self.scheduler.signal(signal.SIGHUP)
+        else:
+            self.hangup_waiting = True
+
+    async def _start_scheduler(self) -> bool:
+        ok = await self.scheduler.start()
+        if ok and self.hangup_waiting:
+            self.hangup_waiting = False
+            self.scheduler.signal(signal.SIGHUP)
+        return ok
+
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not await self.scheduler.start():
+        if not await self._start_scheduler():
             if not self._stop.is_set():
                 self.failure = self._exit_reason(self.scheduler)
             await self._stop_all()
@@ -152,8 +185,8 @@ class Supervisor:
                 self.failure = self._exit_reason(worker)
                 await self._stop_all()
                 return
-        logger.info("gpuproxy listening on http://%s:%d (%d request processes, one "
-                    "scheduler process)", self.host, self.port, len(self.workers))
+        logger.info("gpuproxy listening on %s://%s:%d (%d request processes, one "
+                    "scheduler process)", self.scheme, self.host, self.port, len(self.workers))
         watchers = {loop.create_task(self._watch(p)) for p in (self.scheduler, *self.workers)}
         await self._stop.wait()
         for task in watchers:
@@ -199,10 +232,14 @@ class Supervisor:
                 return
             logger.error("%s (pid %d) exited with status %s; starting it again", process.name,
                          process.proc.pid, code)
+            process.ready = False
             await asyncio.sleep(RESTART_DELAY)
             if self._stop.is_set():
                 return
-            await process.start()
+            if process is self.scheduler:
+                await self._start_scheduler()
+            else:
+                await process.start()
             if self._stop.is_set():  # the stop came while it started: it drains too
                 process.signal(signal.SIGTERM)
                 return
@@ -230,9 +267,11 @@ class Supervisor:
 # ---- the scheduler process ----------------------------------------------------------------
 
 def run_scheduler(hub: Path, ready_fd: int, lock: Any,
-                  preload: Callable[[], Coroutine[Any, Any, None]]) -> int:
+                  preload: Callable[[], Coroutine[Any, Any, None]],
+                  source: ConfigSource | None = None, watch: bool = False) -> int:
     """The scheduler process: the run loop, the upstreams and the hub, until SIGTERM.
-    `preload` runs once it is ready (serve's `hooks.on_startup.preload`)."""
+    `preload` runs once it is ready (serve's `hooks.on_startup.preload`); `source` is the
+    config SIGHUP re-imports, and polls with `watch`."""
     from gpuproxy.shell import runtime
 
     # The supervisor passes SIGHUP on at any time; before the handler is in place, it must
@@ -242,11 +281,12 @@ def run_scheduler(hub: Path, ready_fd: int, lock: Any,
     if left:
         logger.warning("stopped %d upstream(s) left running by an earlier crash: %s",
                        len(left), ", ".join(left))
-    return asyncio.run(_scheduler(hub, ready_fd, lock, preload))
+    return asyncio.run(_scheduler(hub, ready_fd, lock, preload, source, watch))
 
 
 async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
-                     preload: Callable[[], Coroutine[Any, Any, None]]) -> int:
+                     preload: Callable[[], Coroutine[Any, Any, None]],
+                     source: ConfigSource | None, watch: bool) -> int:
     from django.conf import settings
 
     from gpuproxy.shell import runtime
@@ -271,11 +311,12 @@ async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
     loop.add_signal_handler(CUT, on_cut)
     rt = await runtime.get()
     rt.start_watcher()
-    def reread() -> None:
-        logger.info("SIGHUP: re-reading the model definitions")
-        rt.request_reload()
+    reimporter = (Reimporter(source, runtime.run_db, rt.request_reload)
+                  if source is not None else None)
 
-    loop.add_signal_handler(signal.SIGHUP, reread)
+    loop.add_signal_handler(signal.SIGHUP, on_sighup, reimporter, rt.request_reload)
+    if reimporter is not None and watch:
+        reimporter.watch()
     hub = Hub(rt, hub_path)
     await hub.start()
     lock.watch(lost)
@@ -286,6 +327,8 @@ async def _scheduler(hub_path: Path, ready_fd: int, lock: Any,
     preloading = loop.create_task(preload())
     await stop.wait()
     preloading.cancel()
+    if reimporter is not None:
+        reimporter.stop()
     logger.info("scheduler process: draining; queued requests get 503 shutting_down")
     await runtime.drain()
     if hub.links and not cut.is_set():

@@ -33,6 +33,7 @@ import daphne.server  # isort:skip
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from gpuproxy.management.config_watch import ConfigSource, Reimporter, on_sighup
 from gpuproxy.proxy import edge
 from gpuproxy.shell.instance import AlreadyServing, InstanceLock
 
@@ -61,12 +62,16 @@ def endpoint_for(host: str, port: int) -> str:
     return f"tcp:port={port}:interface={interface}:backlog=1024"
 
 
-async def start(preload_models: list[str]) -> None:
-    """Once listening: watch the database for changes, then run the preload hook."""
+async def start(preload_models: list[str], reimporter: Reimporter | None = None,
+                watch: bool = False) -> None:
+    """Once listening: watch the database (and, with `-watch-config`, the config file) for
+    changes, then run the preload hook."""
     from gpuproxy.shell import runtime
 
     rt = await runtime.get()
     rt.start_watcher()
+    if watch and reimporter is not None:
+        reimporter.watch()
     await preload(preload_models)
 
 
@@ -85,15 +90,13 @@ async def preload(models: list[str]) -> None:
             logger.info("preloaded model %r", loaded)
 
 
-def reload_definitions() -> None:
-    """SIGHUP: re-read the definitions from the database now (an edit made behind Django's
-    back: no save signal, no NOTIFY), as the periodic check would."""
+async def hangup(reimporter: Reimporter | None) -> None:
+    """SIGHUP in one process: once the runtime it acts on is up (a SIGHUP during start-up
+    waits for it), as `on_sighup` says."""
     from gpuproxy.shell import runtime
 
-    rt = runtime.current()
-    if isinstance(rt, runtime.Runtime):
-        logger.info("SIGHUP: re-reading the model definitions")
-        rt.request_reload()
+    rt = await runtime.get()
+    on_sighup(reimporter, rt.request_reload)
 
 
 async def linked(ready_fd: int | None) -> None:
@@ -126,14 +129,80 @@ def quiet_twisted_http() -> None:
     HTTPFactory.log = lambda self, request: None
 
 
+def tls_context(cert_file: str, key_file: str) -> Any:
+    """The TLS context for `-tls-cert-file`/`-tls-key-file`, loaded at start so that a bad
+    file stops the start with its name rather than failing every handshake. The certificate
+    file may hold the chain after the leaf, as llama-swap (Go's LoadX509KeyPair) reads it."""
+    from OpenSSL import SSL
+
+    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+    ctx.set_min_proto_version(SSL.TLS1_2_VERSION)
+    ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
+    try:
+        ctx.use_certificate_chain_file(cert_file)
+    except (OSError, SSL.Error) as exc:
+        raise CommandError(f"-tls-cert-file {cert_file}: not a readable PEM certificate "
+                           f"({_ssl_reason(exc)})") from None
+    try:
+        ctx.use_privatekey_file(key_file)
+        ctx.check_privatekey()
+    except (OSError, SSL.Error) as exc:
+        raise CommandError(f"-tls-key-file {key_file}: not a readable PEM private key for the "
+                           f"certificate in -tls-cert-file {cert_file} ({_ssl_reason(exc)})"
+                           ) from None
+    return ctx
+
+
+def _ssl_reason(exc: Exception) -> str:
+    """OpenSSL's errors are a list of (library, function, reason) tuples; the reasons say it."""
+    details = exc.args[0] if exc.args else None
+    if isinstance(details, list) and details and isinstance(details[0], tuple):
+        return "; ".join(str(item[-1]) for item in details)
+    return str(exc)
+
+
+class _TLSContextFactory:
+    """A loaded context as Twisted's old-style context factory (`getContext`)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def getContext(self) -> Any:  # Twisted's name
+        return self._ctx
+
+
+class _TLSServerEndpoint:
+    """Another server endpoint with TLS in front of whatever listens on it: Twisted's `ssl:`
+    string cannot adopt an inherited socket, so the request processes of `--workers N` wrap
+    their factory themselves; one process uses the same path."""
+
+    def __init__(self, inner: Any, ctx: Any) -> None:
+        self._inner = inner
+        self._ctx = ctx
+
+    def listen(self, factory: Any) -> Any:
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        # A plain getContext() object is what Twisted's zope interface asks; mypy sees none.
+        contexts: Any = _TLSContextFactory(self._ctx)
+        return self._inner.listen(TLSMemoryBIOFactory(contexts, False, factory))
+
+
+# The TLS context of this process's `tls:` endpoints: Daphne takes its endpoints as strings only.
+_tls: list[Any] = []
+
+
 def _endpoint(reactor: Any, description: str) -> Any:
     """Daphne's endpoint parser, plus `adopt:FILENO:FAMILY`: a listening socket inherited from
-    the supervisor (`--workers N`). Twisted has an endpoint for it but no string syntax, and
-    Daphne reads its endpoints only as strings."""
+    the supervisor (`--workers N`; Twisted has an endpoint for it but no string syntax, and
+    Daphne reads its endpoints only as strings), and `tls:` before either, for the context
+    serve loaded (`-tls-cert-file`)."""
     import socket
 
     from twisted.internet.endpoints import AdoptedStreamServerEndpoint, serverFromString
 
+    if description.startswith("tls:"):
+        return _TLSServerEndpoint(_endpoint(reactor, description[len("tls:"):]), _tls[-1])
     if description.startswith("adopt:"):
         _, fileno, family = description.split(":")
         return AdoptedStreamServerEndpoint(reactor, int(fileno), getattr(socket, "AF_" + family))
@@ -287,13 +356,60 @@ class Stopping:
             pass
 
 
+class _Version(argparse.Action):
+    """`--version` and llama-swap's `-version`: this build (gpuproxy/version.py), not
+    Django's version, which is what BaseCommand's own `--version` prints."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, help=kwargs.get("help"))
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from gpuproxy.version import version_line
+
+        sys.stdout.write(version_line() + "\n")  # stdout, as argparse's own version action
+        parser.exit()
+
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+DEFAULT_LISTEN_TLS = "127.0.0.1:8443"
+
+
 class Command(BaseCommand):
-    help = "Run the proxy: migrate, import --config (a llama-swap config.yaml), serve with Daphne."
+    help = ("Run the proxy: migrate, import --config (a llama-swap config.yaml) when it "
+            "changed, serve with Daphne. llama-swap's single-dash flags are accepted too.")
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        # "resolve": our --version replaces Django's (which prints Django's version).
+        return super().create_parser(prog_name, subcommand, conflict_handler="resolve",
+                                     **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--config", help="a llama-swap config.yaml to import before serving")
-        parser.add_argument("--listen", default="127.0.0.1:8080",
-                            help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+        # llama-swap's flags are Go's, single-dash (`-config F`, `-listen :8080`); each is
+        # an alias of ours, so a llama-swap unit file's command line runs unchanged.
+        parser.add_argument("--config", "-config",
+                            help="a llama-swap config.yaml, imported when its content "
+                                 "changed since the last import, and again on SIGHUP")
+        parser.add_argument("--config-dir", "-config-dir", dest="config_dir",
+                            help="a directory of llama-swap *.yaml/*.yml files, merged in "
+                                 "name order (instead of --config)")
+        parser.add_argument("--force-import", action="store_true",
+                            help="import the config even when unchanged since the last "
+                                 "import (replaces edits made in the admin since)")
+        parser.add_argument("--watch-config", "-watch-config", action="store_true",
+                            dest="watch_config",
+                            help="re-import the config when the file changes (a 2 s poll), "
+                                 "as SIGHUP does")
+        parser.add_argument("--listen", "-listen", default=None,
+                            help=f"HOST:PORT to listen on (default {DEFAULT_LISTEN}, "
+                                 f"{DEFAULT_LISTEN_TLS} with TLS; :PORT is every interface)")
+        parser.add_argument("--tls-cert-file", "-tls-cert-file", dest="tls_cert_file",
+                            help="serve HTTPS with this PEM certificate (chain after it); "
+                                 "needs --tls-key-file")
+        parser.add_argument("--tls-key-file", "-tls-key-file", dest="tls_key_file",
+                            help="the PEM private key of --tls-cert-file")
+        parser.add_argument("--version", "-version", action=_Version,
+                            help="print this build's version and exit")
         parser.add_argument("--no-migrate", action="store_true",
                             help="do not apply database migrations at start")
         parser.add_argument("--workers", type=int, default=None,
@@ -311,13 +427,24 @@ class Command(BaseCommand):
 
         from gpuproxy.management import workers as multi
 
-        host, port = parse_listen(options["listen"])
+        # A SIGHUP before its handler is in place must not end the process (its default):
+        # `gpuproxy` ignores it from its first line (gpuproxy/cli.py); this covers
+        # `manage.py serve` and call_command.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        source = self.config_source(options)
+        tls = self.tls_files(options)
+        listen = options["listen"] or (DEFAULT_LISTEN_TLS if tls else DEFAULT_LISTEN)
+        host, port = parse_listen(listen)
+        if options["watch_config"] and source is None:
+            raise CommandError("-watch-config watches the file of -config (or -config-dir): "
+                               "give one of them too")
         if options["role"] == "scheduler":
-            self.scheduler_process(Path(options["hub"]), options["ready_fd"])
+            self.scheduler_process(Path(options["hub"]), options["ready_fd"], source,
+                                   options["watch_config"])
             return
         if options["role"] == "worker":
-            self.serve_requests(host, port, None, hub=options["hub"], fd=options["fd"],
-                                ready_fd=options["ready_fd"])
+            self.serve_requests(host, port, None, tls=tls, hub=options["hub"],
+                                fd=options["fd"], ready_fd=options["ready_fd"])
             return
         sqlite = connections["default"].vendor == "sqlite"
         count = options["workers"]
@@ -328,17 +455,55 @@ class Command(BaseCommand):
         if count > 1 and sqlite:
             raise CommandError(f"--workers {count} needs PostgreSQL (DATABASE_URL): SQLite "
                                "takes one writer at a time. Use --workers 1 on SQLite.")
+        if tls is not None:
+            tls_context(*tls)  # a bad file stops here, before anything starts
         lock = self.lock_instance()
-        if not options["no_migrate"]:
-            call_command("migrate", interactive=False, verbosity=0)
-        if options["config"]:
-            self.import_config(options["config"])
+        try:
+            if not options["no_migrate"]:
+                call_command("migrate", interactive=False, verbosity=0)
+            if source is not None:
+                self.import_config(source, force=options["force_import"])
+        except BaseException:
+            lock.release()
+            raise
         if count == 1:
-            self.serve_requests(host, port, lock)
+            self.serve_requests(host, port, lock, tls=tls, source=source,
+                                watch=options["watch_config"])
             return
-        self.supervise(host, port, count, lock)
+        self.supervise(host, port, count, lock, tls, source, options["watch_config"])
 
-    def supervise(self, host: str, port: int, count: int, lock: InstanceLock) -> None:
+    @staticmethod
+    def config_source(options: dict[str, Any]) -> ConfigSource | None:
+        """`-config FILE` or `-config-dir DIR`, checked: a clear error before anything starts."""
+        config, config_dir = options["config"], options["config_dir"]
+        if config and config_dir:
+            # llama-swap merges -config before the directory's files; gpuproxy imports one
+            # source, so that one fingerprint says whether anything changed.
+            raise CommandError(f"-config {config} and -config-dir {config_dir} together: give "
+                               "one (move the file into the directory to merge them)")
+        if config:
+            if not Path(config).is_file():
+                raise CommandError(f"config file not found: {config}; pass a llama-swap "
+                                   "config.yaml (see config.example.yaml)")
+            return ConfigSource(Path(config))
+        if config_dir:
+            if not Path(config_dir).is_dir():
+                raise CommandError(f"-config-dir {config_dir}: not a directory; pass one that "
+                                   "holds llama-swap *.yaml/*.yml files")
+            return ConfigSource(Path(config_dir))
+        return None
+
+    @staticmethod
+    def tls_files(options: dict[str, Any]) -> tuple[str, str] | None:
+        cert, key = options["tls_cert_file"], options["tls_key_file"]
+        if bool(cert) != bool(key):
+            raise CommandError("-tls-cert-file and -tls-key-file go together: HTTPS needs both "
+                               f"(given: {'-tls-cert-file' if cert else '-tls-key-file'} only)")
+        return (cert, key) if cert else None
+
+    def supervise(self, host: str, port: int, count: int, lock: InstanceLock,
+                  tls: tuple[str, str] | None, source: ConfigSource | None,
+                  watch: bool) -> None:
         from django.conf import settings
 
         from gpuproxy.management.workers import Supervisor, listening_socket
@@ -353,13 +518,15 @@ class Command(BaseCommand):
         # The scheduler process takes the lock itself; this one only made sure it was free.
         lock.release()
         hub = settings.DATA_DIR / "scheduler.sock"
-        supervisor = Supervisor(host, port, sock, count, hub, settings.GPUPROXY_SHUTDOWN_GRACE)
+        supervisor = Supervisor(host, port, sock, count, hub, settings.GPUPROXY_SHUTDOWN_GRACE,
+                                tls=tls, config=source.path if source else None, watch=watch)
         supervisor.run()
         if supervisor.failure is not None:
             raise CommandError(supervisor.failure)
         logger.info("gpuproxy stopped")
 
-    def scheduler_process(self, hub: Path, ready_fd: int) -> None:
+    def scheduler_process(self, hub: Path, ready_fd: int, source: ConfigSource | None,
+                          watch: bool) -> None:
         from gpuproxy.management.workers import LOCK_EXIT, run_scheduler
         from scheduling.models import ProxySettings
 
@@ -369,15 +536,17 @@ class Command(BaseCommand):
             self.stderr.write(f"CommandError: {exc}")
             sys.exit(LOCK_EXIT)
         models = list(ProxySettings.load().preload)
-        code = run_scheduler(hub, ready_fd, lock, lambda: preload(models))
+        code = run_scheduler(hub, ready_fd, lock, lambda: preload(models), source, watch)
         if code:
             sys.exit(code)
 
     def serve_requests(self, host: str, port: int, lock: InstanceLock | None,
-                       hub: str | None = None, fd: str | None = None,
+                       tls: tuple[str, str] | None = None, source: ConfigSource | None = None,
+                       watch: bool = False, hub: str | None = None, fd: str | None = None,
                        ready_fd: int | None = None) -> None:
         """Daphne, with the run loop in this process (`lock` held) or, as a request process
-        of `--workers N`, a client of the scheduler process at `hub` accepting on `fd`."""
+        of `--workers N`, a client of the scheduler process at `hub` accepting on `fd`.
+        `source`: the config SIGHUP (and `watch`) re-imports, in this process."""
         from django.conf import settings
         from twisted.internet import defer, reactor
 
@@ -394,11 +563,17 @@ class Command(BaseCommand):
 
         preload_list = list(ProxySettings.load().preload)
         background: set[asyncio.Future] = set()
+
+        def reread() -> None:
+            rt = runtime.current()
+            if isinstance(rt, runtime.Runtime):
+                rt.request_reload()
         stopping = Stopping(settings.GPUPROXY_SHUTDOWN_GRACE, child=hub is not None)
-        if hub is not None:
-            # The supervisor's SIGHUP goes to the scheduler process; a request process has
-            # nothing to re-read (its catalog is the scheduler process's).
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        reimporter = (Reimporter(source, runtime.run_db, reread)
+                      if source is not None and lock is not None else None)
+        # A request process of `--workers N` keeps SIGHUP ignored (handle): the supervisor's
+        # goes to the scheduler process; a request process has nothing to re-read (its
+        # catalog is the scheduler process's).
 
         def on_running() -> None:
             # Everything loaded at start lives as long as the process: keep it out of the
@@ -408,16 +583,24 @@ class Command(BaseCommand):
             stopping.install()
             if lock is not None:
                 signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(
-                    reload_definitions))
-                logger.info("gpuproxy listening on http://%s:%d", host, port)
+                    on_hangup))
+                logger.info("gpuproxy listening on %s://%s:%d", "https" if tls else "http",
+                            host, port)
                 lock.watch(stopping.fail)
-                task = asyncio.ensure_future(start(preload_list))
+                task = asyncio.ensure_future(start(preload_list, reimporter, watch))
             else:
                 task = asyncio.ensure_future(linked(ready_fd))
             background.add(task)
             task.add_done_callback(background.discard)
 
+        def on_hangup() -> None:
+            task = asyncio.ensure_future(hangup(reimporter))
+            background.add(task)
+            task.add_done_callback(background.discard)
+
         def before_shutdown() -> defer.Deferred:
+            if reimporter is not None:
+                reimporter.stop()
             if lock is not None:
                 logger.info("gpuproxy stopping: unloading upstreams")
             return defer.Deferred.fromFuture(asyncio.ensure_future(runtime.shutdown()))
@@ -428,6 +611,9 @@ class Command(BaseCommand):
             endpoints = [f"adopt:{fd}"]
         else:
             endpoints = [endpoint_for(host, port)]
+        if tls is not None:
+            _tls.append(tls_context(*tls))
+            endpoints = [f"tls:{e}" for e in endpoints]
         edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
                      at_start.api_keys, at_start.admin_keys)
         reactor.callWhenRunning(on_running)
@@ -476,8 +662,22 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         return lock
 
-    def import_config(self, path: str) -> None:
-        if not Path(path).is_file():
-            raise CommandError(f"config file not found: {path}; pass a llama-swap config.yaml "
-                               "(see config.example.yaml)")
-        call_command("import_config", path, stdout=self.stdout, stderr=self.stderr)
+    def import_config(self, source: ConfigSource, force: bool) -> None:
+        """At start: import the config only when its content changed since the last import
+        (or `--force-import`), so a restart keeps what was edited in the admin since."""
+        from scheduling.llamaswap import ConfigError
+
+        try:
+            report = source.import_now(force=force)
+        except ConfigError as exc:
+            raise CommandError(f"{source}: {exc}; nothing was changed") from None
+        except OSError as exc:
+            raise CommandError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+        for warning in report.warnings:
+            self.stderr.write(f"warning: {warning}")
+        if report.unchanged:
+            self.stdout.write(f"{source}: unchanged since the last import; the definitions in "
+                              "the database are kept (admin edits included; --force-import "
+                              "imports the file again)")
+        else:
+            self.stdout.write(report.summary(str(source)))

@@ -1,0 +1,163 @@
+"""The config file `serve` was given, re-imported live: on SIGHUP and, with `-watch-config`,
+when its content changes.
+
+llama-swap reloads its config on SIGHUP and, with `-watch-config`, when a 2 s poll sees the
+file change. Here the file is imported into the database (scheduling/importer.py: only when
+its content differs from the last import's); the import's commit then reaches the running
+proxy the way an admin save does (scheduling/signals.py), and only what changed is applied.
+A file with an error changes nothing, as llama-swap keeps its old config on a failed reload.
+
+The import is blocking ORM code: it runs on the runtime's database thread, never on the event
+loop. One re-import runs at a time; a signal that arrives during one asks for one more after
+it, never for a queue of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduling.importer import ImportReport
+
+logger = logging.getLogger("gpuproxy.serve")
+
+WATCH_EVERY = 2.0  # seconds between polls: llama-swap's -watch-config interval
+
+
+class ConfigSource:
+    """`-config FILE` or `-config-dir DIR` (every `*.yaml`/`*.yml` in it, merged)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def files(self) -> list[Path]:
+        """What the import reads: the file, or the directory's YAML files in sorted order."""
+        if self.path.is_dir():
+            return sorted(p for p in self.path.iterdir()
+                          if p.suffix in (".yaml", ".yml") and p.is_file())
+        return [self.path]
+
+    def fingerprint(self) -> str | None:
+        """A hash of the names and contents the import would read (None: unreadable now).
+        Content, not mtime: two saves within one mtime tick, or an editor that restores the
+        mtime, still count as a change."""
+        digest = hashlib.sha256()
+        try:
+            for path in self.files():
+                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        except OSError:
+            return None
+        return digest.hexdigest()
+
+    def import_now(self, *, force: bool = False) -> ImportReport:
+        """Import it (blocking ORM code). Raises ConfigError (nothing written) or OSError."""
+        from scheduling.importer import import_path
+
+        return import_path(self.path, force=force)
+
+
+def log_report(source: ConfigSource, report: ImportReport, why: str) -> None:
+    """One line per change applied, or one that says nothing changed: what an operator
+    reads to know a reload did what they meant."""
+    for warning in report.warnings:
+        logger.warning("%s: %s", source, warning)
+    if report.unchanged:
+        logger.info("%s: %s unchanged since the last import; nothing to apply", why, source)
+        return
+    if not report.changes:
+        logger.info("%s: %s imported; the database already matched it", why, source)
+    for change in report.changes:
+        logger.info("%s: %s: %s", why, source, change)
+
+
+class Reimporter:
+    """Re-imports `source` on request, on the event loop's side: `run_db` runs the import
+    on the database thread (gpuproxy/shell/runtime.py). `reread` (the runtime's
+    `request_reload`) follows every re-import, whatever it did: a file unchanged since the
+    last import still leaves the database to re-read, as SIGHUP without a file does (an edit
+    made behind Django's back), and a change committed reloads once either way."""
+
+    def __init__(self, source: ConfigSource,
+                 run_db: Callable[[Callable[[], ImportReport]], Awaitable[ImportReport]],
+                 reread: Callable[[], None]) -> None:
+        self.source = source
+        self._run_db = run_db
+        self._reread = reread
+        self._wanted: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    def request(self, why: str) -> None:
+        """Re-import soon (on the loop). Requests during a re-import fold into one more."""
+        if why not in self._wanted:
+            self._wanted.append(why)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name="config-reimport")
+
+    async def _run(self) -> None:
+        while self._wanted:
+            why = " and ".join(self._wanted)
+            self._wanted.clear()
+            await self.reimport(why)
+            self._reread()
+
+    async def reimport(self, why: str) -> None:
+        from scheduling.llamaswap import ConfigError
+
+        logger.info("%s: re-importing %s", why, self.source)
+        try:
+            report = await self._run_db(self.source.import_now)
+        except (ConfigError, OSError) as exc:
+            logger.error("%s: %s was not applied: %s; the running config is kept (fix the "
+                         "file and signal again)", why, self.source, exc)
+            return
+        except Exception:
+            # The database away, a bug: the proxy must go on serving what it has.
+            logger.exception("%s: re-importing %s failed; the running config is kept", why,
+                             self.source)
+            return
+        log_report(self.source, report, why)
+
+    def watch(self, every: float = WATCH_EVERY) -> None:
+        """`-watch-config`: poll the file (or directory) and re-import when it changes."""
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._poll(every),
+                                                                 name="config-watch")
+            logger.info("watching %s for changes (every %g s, -watch-config)", self.source,
+                        every)
+
+    async def _poll(self, every: float) -> None:
+        last = await asyncio.to_thread(self.source.fingerprint)
+        while True:
+            await asyncio.sleep(every)
+            now = await asyncio.to_thread(self.source.fingerprint)
+            if now is not None and now != last:
+                last = now
+                self.request("-watch-config: the file changed")
+
+    def stop(self) -> None:
+        for task in (self._watch, self._task):
+            if task is not None:
+                task.cancel()
+
+
+def on_sighup(reimporter: Reimporter | None, request_reload: Callable[[], None]) -> None:
+    """SIGHUP, llama-swap's "reload the config": re-import the `-config` file (or
+    `-config-dir`) when serve was given one; either way, re-read the definitions from the
+    database now (an edit made behind Django's back: no save signal, no NOTIFY), as the
+    periodic check would. Never a stop: a file with an error leaves the running config as
+    it is."""
+    if reimporter is not None:
+        reimporter.request("SIGHUP")
+    else:
+        logger.info("SIGHUP: re-reading the model definitions")
+        request_reload()
