@@ -117,26 +117,30 @@ ALLOWED_DIFFERENCES: tuple[Difference, ...] = (
     Difference("GET /api/captures/{id} (unknown)", "error.code",
                '"capture_not_found"', '"not_found"',
                "says what was not found; the message says why a capture can be missing"),
-    # Anthropic's paths answer Anthropic's error shape (issue 18, item 6), which its SDK reads;
-    # llama-swap answers them with its OpenAI envelope.
-    Difference("POST /v1/messages (unknown model)", "type", "string", "absent",
-               "Anthropic's error shape: `{\"type\": \"error\", \"error\": {\"type\", "
-               "\"message\"}}`, what the Anthropic SDK parses"),
-    Difference("POST /v1/messages (unknown model)", "error.param", "absent", "null",
-               "Anthropic's error shape has no `param`"),
-    Difference("POST /v1/messages (unknown model)", "error.code", "absent", "string",
-               "Anthropic's error shape has no `code`"),
-    Difference("POST /v1/messages (unknown model)", "error.type",
-               '"not_found_error"', '"invalid_request_error"', "Anthropic's type for a 404"),
-    Difference("POST /v1/messages (bad key)", "type", "string", "absent",
-               "Anthropic's error shape, as above"),
-    Difference("POST /v1/messages (bad key)", "error.param", "absent", "null",
-               "Anthropic's error shape has no `param`"),
-    Difference("POST /v1/messages (bad key)", "error.code", "absent", "string",
-               "Anthropic's error shape has no `code`"),
+    *(Difference(endpoint, what, ours, theirs, why)
+      for endpoint in ("POST /v1/messages (unknown model)",
+                       "POST /v1/messages/count_tokens (unknown model)",
+                       "POST /v1/messages (bad key)")
+      for what, ours, theirs, why in (
+          # Anthropic's paths answer Anthropic's error shape (issue 18, item 6), which its SDK
+          # reads; llama-swap answers them with its OpenAI envelope.
+          ("type", "string", "absent",
+           "Anthropic's error shape: `{\"type\": \"error\", \"error\": {\"type\", "
+           "\"message\"}}`, what the Anthropic SDK parses"),
+          ("error.param", "absent", "null", "Anthropic's error shape has no `param`"),
+          ("error.code", "absent", "string", "Anthropic's error shape has no `code`"))),
+    *(Difference(endpoint, "error.type", '"not_found_error"', '"invalid_request_error"',
+                 "Anthropic's type for a 404")
+      for endpoint in ("POST /v1/messages (unknown model)",
+                       "POST /v1/messages/count_tokens (unknown model)")),
     Difference("POST /v1/messages (bad key)", "www-authenticate",
                'Bearer realm="gpuproxy", Basic realm="gpuproxy"', 'Basic realm="llama-swap"',
                "as for /v1/chat/completions"),
+    Difference("GET /v1/models (no key)", "www-authenticate",
+               'Bearer realm="gpuproxy", Basic realm="gpuproxy"', 'Basic realm="llama-swap"',
+               "as for /v1/chat/completions"),
+    Difference("GET /v1/models (no key)", "error.code",
+               '"invalid_api_key"', '"unauthorized"', "as for /v1/chat/completions"),
 )
 
 #: llama-swap's /metrics series (all from its performance monitor) and gpuproxy's for the
@@ -332,6 +336,7 @@ class Case:
 
 LOAD_A = ("POST", "/v1/chat/completions", {"json": CHAT})
 WRONG_KEY = {"headers": {"Authorization": "Bearer sk-not-a-key"}}
+NO_KEY = {"headers": {"Authorization": ""}}
 
 
 CASES = [
@@ -346,6 +351,8 @@ CASES = [
          {"json": {"model": "embed", "input": "hi"}}),
     Case("GET /running", "GET", "/running", before=(LOAD_A,)),
     Case("GET /health", "GET", "/health", same_text=True),
+    Case("GET /health (no key)", "GET", "/health", NO_KEY, same_text=True),
+    Case("GET /v1/models (no key)", "GET", "/v1/models", NO_KEY, headers=("www-authenticate",)),
     Case("POST /v1/chat/completions (unknown model)", "POST", "/v1/chat/completions",
          {"json": {**CHAT, "model": "no-such-model"}}),
     Case("POST /v1/chat/completions (no model)", "POST", "/v1/chat/completions",
@@ -383,6 +390,8 @@ CASES = [
                       {"json": {**MESSAGES, "model": "no-such-model"}}),
     Case("POST /v1/messages (bad key)", "POST", "/v1/messages",
                       {"json": MESSAGES, **WRONG_KEY}, headers=("www-authenticate",)),
+    Case("POST /v1/messages/count_tokens (unknown model)", "POST", "/v1/messages/count_tokens",
+         {"json": {**MESSAGES, "model": "no-such-model"}}),
     Case("GET /unload", "GET", "/unload", before=(LOAD_A,), same_text=True),
     Case("POST /api/models/unload", "POST", "/api/models/unload", before=(LOAD_A,)),
     Case("POST /api/models/unload/{model}", "POST", "/api/models/unload/chat-a",
@@ -514,7 +523,8 @@ def test_the_migration_guide_shows_every_row() -> None:
         # the endpoint's path and the case in parentheses, e.g. `POST /v1/messages` (bad key)
         path, _, case = d.endpoint.partition(" (")
         what = d.what.removeprefix("frame ")
-        return any(path in line and (not case or f"({case}" in line)
+        named = path if d.endpoint == ERRORS else f"`{path}`"
+        return any(named in line and (not case or f"({case}" in line)
                    and what.lower() in line.lower() and d.ours.strip('"') in line
                    and d.theirs.strip('"') in line for line in lines)
 
