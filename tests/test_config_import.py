@@ -658,3 +658,11 @@ def test_a_config_dir_with_two_values_for_one_setting_is_refused(tmp_path):
         import_path(tmp_path)
     assert str(info.value) == ("globalTTL: b.yaml sets a different value than an earlier "
                                "file; set it in one file only")
+
+
+def test_a_config_dir_names_the_file_of_a_key_given_twice(tmp_path):
+    write(tmp_path / "a.yaml", "models:\n  m: {cmd: one}\n")
+    write(tmp_path / "b.yaml", "globalTTL: 1\nglobalTTL: 2\n")
+    with pytest.raises(ConfigError) as info:
+        import_path(tmp_path)
+    assert str(info.value) == "b.yaml: globalTTL: given twice (lines 1 and 2); keep one of them"

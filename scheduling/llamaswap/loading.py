@@ -102,14 +102,14 @@ def substitute_env(text: str, env: Mapping[str, str]) -> str:
     return "".join(pieces)
 
 
-def _check_duplicate_keys(node: yaml.Node | None, path: str, seen: set[int]) -> None:
+def check_duplicate_keys(node: yaml.Node | None, path: str, seen: set[int]) -> None:
     """yaml.v3 refuses a key given twice; PyYAML would keep the last one without a word."""
     if node is None or id(node) in seen:
         return
     seen.add(id(node))
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _check_duplicate_keys(item, f"{path}[{i}]", seen)
+            check_duplicate_keys(item, f"{path}[{i}]", seen)
     elif isinstance(node, yaml.MappingNode):
         lines: dict[str, int] = {}
         for key, item in node.value:
@@ -121,7 +121,7 @@ def _check_duplicate_keys(node: yaml.Node | None, path: str, seen: set[int]) -> 
                                   f"given twice (lines {lines[key.value]} and {line}); "
                                   "keep one of them")
             lines[key.value] = line
-            _check_duplicate_keys(item, join_path(path, key.value), seen)
+            check_duplicate_keys(item, join_path(path, key.value), seen)
 
 
 def load_yaml(text: str, env: Mapping[str, str]) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def load_yaml(text: str, env: Mapping[str, str]) -> dict[str, Any]:
     loader = Loader(substituted)
     try:
         node = loader.get_single_node()
-        _check_duplicate_keys(node, "", set())
+        check_duplicate_keys(node, "", set())
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, substituted=substituted != text) from None

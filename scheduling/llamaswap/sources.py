@@ -25,7 +25,12 @@ import yaml
 
 from scheduling.llamaswap.dialect import Dumper, Loader
 from scheduling.llamaswap.errors import ConfigError
-from scheduling.llamaswap.loading import ENV_REF, load_yaml, substitute_env
+from scheduling.llamaswap.loading import (
+    ENV_REF,
+    check_duplicate_keys,
+    load_yaml,
+    substitute_env,
+)
 
 IDENTITY_MAPS = frozenset({
     "models", "groups", "profiles", "selectors", "peers", "matrix",
@@ -95,7 +100,9 @@ def read_source(path: Path, env: Mapping[str, str]) -> Source:
 def _compose(path: Path, text: str, env: Mapping[str, str]) -> yaml.Node | None:
     try:
         substituted = substitute_env(text, env)
-        return yaml.compose(substituted, Loader=Loader)
+        node = yaml.compose(substituted, Loader=Loader)
+        check_duplicate_keys(node, "", set())
+        return node
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc.path}" if exc.path else path.name,
                           exc.message) from None
