@@ -176,8 +176,84 @@ def test_models_list(serve):
     assert by_id["alpha"]["status"]["value"] == "loaded"
     assert by_id["beta"]["status"]["value"] == "unloaded"
     assert by_id["alpha"]["meta"]["llamaswap"]["aliases"] == ["a"]
-    assert by_id["a"]["meta"]["llamaswap"]["modelID"] == "alpha"
+    assert by_id["a"]["meta"]["llamaswap"] == {"type": "alias", "modelID": "alpha"}
+    assert by_id["alpha"]["meta"]["gpuproxy"] == {"state": "ready"}
+    assert "name" not in by_id["alpha"] and "description" not in by_id["alpha"]
     assert proxy.http.get("/models").json()["data"] == data
+
+
+CAPABLE = """
+    startPort: {start}
+    includeAliasesInList: true
+    models:
+      alpha:
+        cmd: {fake}
+        name: " Alpha model "
+        aliases: [a]
+        capabilities:
+          in: [text, image]
+          out: [text]
+          tools: true
+          context: 8192
+        metadata:
+          foo: bar
+          context_length: 5
+      beta:
+        cmd: {fake}
+        description: embeds and ranks
+        capabilities:
+          reranker: true
+        metadata:
+          context_length: 5
+      gamma:
+        cmd: {fake}
+      speech:
+        cmd: {fake}
+        capabilities:
+          in: [text, audio, image]
+          out: [text, audio, image]
+"""
+
+
+def test_models_list_fields_from_capabilities(serve):
+    """llama-swap's rendering of `capabilities` (the records below are its binary's answer
+    for the same config, but for `owned_by`, `created` and our `meta.gpuproxy`)."""
+    proxy = serve(CAPABLE.format(start=free_port(), fake=FAKE))
+    data = proxy.http.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == ["a", "alpha", "beta", "gamma", "speech"]
+    for m in data:
+        assert isinstance(m.pop("created"), int)
+        assert m["object"] == "model" and m["owned_by"] == "gpuproxy"
+        assert m["meta"].pop("gpuproxy") == {"state": "stopped"}
+    by_id = {m["id"]: m for m in data}
+    assert by_id["alpha"] == {
+        "id": "alpha", "object": "model", "owned_by": "gpuproxy", "name": "Alpha model",
+        "architecture": {"input_modalities": ["text", "image"], "output_modalities": ["text"],
+                         "modality": "text+image->text"},
+        "capabilities": {"function_calling": True, "vision": True},
+        "supported_parameters": ["tools", "tool_choice"],
+        "context_length": 8192,
+        "meta": {"llamaswap": {"foo": "bar", "type": "model", "aliases": ["a"]},
+                 "n_ctx": 8192},
+        "status": {"value": "unloaded"},
+    }
+    assert by_id["a"]["meta"] == {"llamaswap": {"foo": "bar", "type": "alias",
+                                                "modelID": "alpha"}, "n_ctx": 8192}
+    assert by_id["a"]["capabilities"] == by_id["alpha"]["capabilities"]
+    assert by_id["beta"] == {
+        "id": "beta", "object": "model", "owned_by": "gpuproxy",
+        "description": "embeds and ranks", "capabilities": {"reranker": True},
+        "meta": {"llamaswap": {"type": "model"}}, "status": {"value": "unloaded"},
+    }
+    # no capabilities: no rendered field, and the metadata as written; no empty name
+    assert by_id["gamma"] == {"id": "gamma", "object": "model", "owned_by": "gpuproxy",
+                              "meta": {"llamaswap": {"type": "model"}},
+                              "status": {"value": "unloaded"}}
+    assert by_id["speech"]["capabilities"] == {
+        "vision": True, "audio_transcriptions": True, "audio_speech": True,
+        "image_generation": True, "image_to_image": True}
+    assert by_id["speech"]["architecture"]["modality"] == "text+audio+image->text+audio+image"
+    assert "supported_parameters" not in by_id["speech"]
 
 
 @pytest.mark.parametrize(("kwargs", "status", "code"), [

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.processes import State
-from scheduling.catalog import Catalog
+from scheduling.catalog import Catalog, CatalogModel
 
 
 def resolve_prefix(catalog: Catalog, rest: str) -> tuple[str | None, str | None]:
@@ -24,25 +24,93 @@ def resolve_prefix(catalog: Catalog, rest: str) -> tuple[str | None, str | None]
     return None, None
 
 
+# The top-level fields the capabilities render: a model's `metadata` key of the same name is
+# dropped when it has capabilities, so the rendered value is the only one (llama-swap's rule).
+CAPPED_METADATA_KEYS = frozenset({"architecture", "capabilities", "supported_parameters",
+                                  "context_length"})
+
+
+def render_capabilities(caps: dict[str, Any]) -> dict[str, Any]:
+    """The `/v1/models` fields llama-swap derives from a model's `capabilities` config
+    (`in`, `out`, `tools`, `reranker`, `context`): what OpenRouter-style clients read to
+    pick a model. Only the fields that say something; none for an empty config."""
+    ins: list[str] = list(caps.get("in") or [])
+    outs: list[str] = list(caps.get("out") or [])
+    fields: dict[str, Any] = {}
+    if ins or outs:
+        arch: dict[str, Any] = {}
+        if ins:
+            arch["input_modalities"] = ins
+        if outs:
+            arch["output_modalities"] = outs
+        if ins and outs:
+            arch["modality"] = "+".join(ins) + "->" + "+".join(outs)
+        fields["architecture"] = arch
+    flags: dict[str, bool] = {}
+    if "image" in ins:
+        flags["vision"] = True
+    if ins and outs:
+        for flag, source, target in (("audio_transcriptions", "audio", "text"),
+                                     ("audio_speech", "text", "audio"),
+                                     ("image_generation", "text", "image"),
+                                     ("image_to_image", "image", "image")):
+            if source in ins and target in outs:
+                flags[flag] = True
+    if caps.get("tools"):
+        flags["function_calling"] = True
+        fields["supported_parameters"] = ["tools", "tool_choice"]
+    if caps.get("reranker"):
+        flags["reranker"] = True
+    if ins or outs or caps.get("tools") or caps.get("reranker"):
+        fields["capabilities"] = flags
+    context = caps.get("context") or 0
+    if isinstance(context, int) and context > 0:
+        fields["context_length"] = context
+    return fields
+
+
+def _record(model_id: str, m: CatalogModel, loaded: bool, state: str,
+            internal: dict[str, Any]) -> dict[str, Any]:
+    """One entry, in llama-swap's field order; `name`/`description` only when set."""
+    record: dict[str, Any] = {"id": model_id, "object": "model", "created": m.created,
+                              "owned_by": "gpuproxy"}
+    if m.name.strip():
+        record["name"] = m.name.strip()
+    if m.description.strip():
+        record["description"] = m.description.strip()
+    rendered = render_capabilities(m.capabilities)
+    record.update(rendered)
+    metadata = dict(m.metadata)
+    if rendered:
+        metadata = {k: v for k, v in metadata.items() if k not in CAPPED_METADATA_KEYS}
+    meta: dict[str, Any] = {"llamaswap": {**metadata, **internal}}
+    if "context_length" in rendered:
+        meta["n_ctx"] = rendered["context_length"]
+    meta["gpuproxy"] = {"state": state}
+    record["meta"] = meta
+    record["status"] = {"value": "loaded" if loaded else "unloaded"}
+    return record
+
+
 def models_list(rt: ProxyPort, catalog: Catalog) -> dict[str, Any]:
-    """OpenAI's model list, with llama-swap's `meta.llamaswap` and `status` additions."""
+    """OpenAI's model list in llama-swap's shape (its `capabilities` rendering, `meta.llamaswap`
+    with `type`, `status`); what only gpuproxy knows goes under `meta.gpuproxy`, so a client
+    written for llama-swap reads the same keys."""
     data = []
     for model_id, m in sorted(catalog.models.items()):
         if m.unlisted:
             continue
         proc = rt.upstream(model_id)
-        loaded = proc is not None and proc.state is State.READY
-        record = {
-            "id": model_id, "object": "model", "created": m.created, "owned_by": "gpuproxy",
-            "name": m.name, "description": m.description,
-            "meta": {"llamaswap": {**m.metadata, "aliases": list(m.aliases)}},
-            "status": {"value": "loaded" if loaded else "unloaded"},
-        }
-        if m.capabilities:
-            record["capabilities"] = m.capabilities
-        data.append(record)
+        state = proc.state if proc is not None else State.STOPPED
+        loaded = state is State.READY
+        internal: dict[str, Any] = {"type": "model"}
+        if m.aliases:
+            internal["aliases"] = list(m.aliases)
+        data.append(_record(model_id, m, loaded, state.value, internal))
         if catalog.include_aliases_in_list:
             for alias in m.aliases:
-                data.append({**record, "id": alias,
-                             "meta": {"llamaswap": {**m.metadata, "modelID": model_id}}})
+                if alias.strip():
+                    data.append(_record(alias.strip(), m, loaded, state.value,
+                                        {"type": "alias", "modelID": model_id}))
+    data.sort(key=lambda record: record["id"])
     return {"object": "list", "data": data}

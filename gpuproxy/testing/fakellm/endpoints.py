@@ -26,6 +26,7 @@ from gpuproxy.testing.fakellm.server import HttpError, Request, dumps, err, out
 
 DEFAULT_MODEL = "fake"
 EMBEDDING_DIMS = 8
+FAKE_N_CTX = 4096  # what `/props` says the context is
 
 
 def _embedding(text: str) -> list[float]:
@@ -116,6 +117,7 @@ class FakeLLM(Generator):
             "/v1/models": ("GET", self._models),
             "/models": ("GET", self._models),
             "/slots": ("GET", self._slots),
+            "/props": ("GET", self._props),
             "/v1/chat/completions": ("POST", self._chat),
             "/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
@@ -230,6 +232,27 @@ class FakeLLM(Generator):
     ) -> None:
         await self.misbehave.hold(req, body, reader)
         payload = [{"id": i, "is_processing": busy} for i, busy in enumerate(self.slots)]
+        await self._send_json(
+            writer, 200, dumps(payload), keep_alive=req.keep_alive, http10=req.http10
+        )
+
+    async def _props(
+        self, req: Request, body: None, reader: Any, writer: asyncio.StreamWriter
+    ) -> None:
+        """llama-server's `/props` (the fields clients read: the context, the slots, the
+        model's path), plus the query string seen, so a test can tell what the proxy sent."""
+        await self.misbehave.hold(req, body, reader)
+        if not self.loaded:
+            raise self._unavailable()
+        payload = {
+            "default_generation_settings": {"n_ctx": FAKE_N_CTX, "params": {}},
+            "total_slots": len(self.slots),
+            "model_path": f"/models/{self.model}.gguf",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "fakellm",
+            "model": self.model,
+            "query": req.query,
+        }
         await self._send_json(
             writer, 200, dumps(payload), keep_alive=req.keep_alive, http10=req.http10
         )

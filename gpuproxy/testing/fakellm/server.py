@@ -102,6 +102,7 @@ class Request:
     body: bytes
     keep_alive: bool
     http10: bool
+    query: str = ""
 
 
 #: A route's handler: the request, its parsed JSON body (a dict for JSON POST routes, None for
@@ -254,8 +255,8 @@ class HttpServer:
             body = await reader.readexactly(length)
         else:
             body = b""
-        path = target.split("?", 1)[0]
-        return Request(method.upper(), path, headers, body, keep_alive, http10)
+        path, _, query = target.partition("?")
+        return Request(method.upper(), path, headers, body, keep_alive, http10, query)
 
     @staticmethod
     async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
