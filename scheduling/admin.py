@@ -371,3 +371,19 @@ class ApiKeyAdmin(ManagedBanner):
                                       "now, it is stored hashed and cannot be shown again.")
         else:
             super().save_model(request, obj, form, change)
+
+
+@admin.register(ConfigImport)
+class ConfigImportAdmin(admin.ModelAdmin):
+    """The last import, to see at a glance which file the database follows and when it was
+    read; written only by an import (`import_config`, `serve -config`), never here."""
+
+    list_display = ("source_path", "imported_at", "content_hash")
+    fields = ("source_path", "files", "imported_at", "content_hash", "managed")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

@@ -623,3 +623,20 @@ def test_without_an_import_no_page_says_it_is_managed(client, two_models, settin
     assert BANNER not in page_text(client.get(settings_url))
     assert BANNER not in page_text(client.get(
         reverse("admin:scheduling_modeldefinition_change", args=[two_models[0].pk])))
+
+
+@pytest.mark.django_db
+def test_the_last_import_is_shown_and_cannot_be_edited_here(client, tmp_path):
+    from scheduling.importer import import_path
+    from scheduling.models import ConfigImport
+
+    config = tmp_path / "config.yaml"
+    config.write_text("models:\n  filed: {cmd: s}\n", encoding="utf-8")
+    import_path(config)
+    text = page_text(client.get(reverse("admin:scheduling_configimport_changelist")))
+    assert str(config) in text
+    page = client.get(reverse("admin:scheduling_configimport_change",
+                              args=[ConfigImport.last().pk]))
+    assert page.status_code == 200 and '"filed"' in page_text(page)
+    assert client.get(reverse("admin:scheduling_configimport_add")).status_code == 403
+    assert 'name="source_path"' not in page.content.decode()
