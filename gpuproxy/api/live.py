@@ -49,14 +49,13 @@ async def performance(request: ApiRequest) -> HttpResponse:
     """The last hour of CPU, memory, network and GPU samples, those after `?after=` (RFC
     3339) if given; 503 `{"enabled": false}` with `performance.disabled`. Any key, as
     `/metrics`: figures about the machine, nothing of a request."""
-    after: float | None = None
+    after: dt.datetime | None = None
     raw = request.GET.get("after", "")
     if raw:
         try:
-            when = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-            if when.tzinfo is None:  # RFC 3339 always says its offset
+            after = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            if after.tzinfo is None:  # RFC 3339 always says its offset
                 raise ValueError(raw)
-            after = when.timestamp()
         except ValueError:
             return json_error(400, "invalid 'after' timestamp, use RFC3339 format "
                                    "(2006-01-02T15:04:05Z)", code="bad_request", param="after")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -347,7 +348,8 @@ class Hub:
                         reverse=True)[:RECENT]
         return {"in_flight": in_flight, "recent": recent, "history": HISTORY.view()}
 
-    async def rpc_performance(self, link: _Link, after: float | None) -> dict[str, Any] | None:
+    async def rpc_performance(self, link: _Link, after: dt.datetime | None
+                              ) -> dict[str, Any] | None:
         return local.local_performance(after)
 
     async def rpc_cancel_request(self, link: _Link, request_id: str) -> bool:

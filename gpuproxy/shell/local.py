@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -70,7 +71,7 @@ def local_requests() -> dict[str, Any]:
     return {"in_flight": inflight.snapshot(), "recent": HISTORY.recent_rows()}
 
 
-def local_performance(after: float | None) -> dict[str, Any] | None:
+def local_performance(after: dt.datetime | None) -> dict[str, Any] | None:
     """This process's performance monitor's last hour; None when it has none or it is off
     (under `serve --workers N` only the scheduler process samples: one `nvidia-smi` per box)."""
     monitor = published.perf_monitor()

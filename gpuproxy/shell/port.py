@@ -15,6 +15,7 @@ scheduler process under `serve --workers N` (docs/scheduler-design.md §8).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -120,9 +121,9 @@ class ProxyPort(Protocol):
         """End one request in flight on an operator's word, whichever process serves it."""
         ...
 
-    async def performance(self, after: float | None) -> dict[str, Any] | None:
+    async def performance(self, after: dt.datetime | None) -> dict[str, Any] | None:
         """`/api/performance`'s body from the one performance monitor (the scheduler
-        process's), samples after `after` (Unix time) or all; None while monitoring is off."""
+        process's), samples after `after` or all; None while monitoring is off."""
         ...
 
     def watch_changes(self, on: bool) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime as dt
 import itertools
 import logging
 import os
@@ -386,7 +387,7 @@ class RemoteRuntime:
     async def cancel_request(self, request_id: str) -> bool:
         return bool(await self.call("cancel_request", request_id))
 
-    async def performance(self, after: float | None) -> dict[str, Any] | None:
+    async def performance(self, after: dt.datetime | None) -> dict[str, Any] | None:
         answer: dict[str, Any] | None = await self.call("performance", after)
         return answer
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -265,7 +266,7 @@ class Runtime:
     async def cancel_request(self, request_id: str) -> bool:
         return inflight.cancel(request_id)
 
-    async def performance(self, after: float | None) -> dict[str, Any] | None:
+    async def performance(self, after: dt.datetime | None) -> dict[str, Any] | None:
         return local_performance(after)
 
     def watch_changes(self, on: bool) -> None:

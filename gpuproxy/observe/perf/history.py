@@ -19,8 +19,12 @@ MIB = 1024 * 1024
 LOOPBACK = "lo"  # llama-swap leaves the loopback interface out of `net_io`
 
 
+def _moment(wall: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(wall, tz=dt.UTC)
+
+
 def _time(wall: float) -> str:
-    return dt.datetime.fromtimestamp(wall, tz=dt.UTC).isoformat().replace("+00:00", "Z")
+    return _moment(wall).isoformat().replace("+00:00", "Z")
 
 
 def sys_stat(s: SystemSample) -> dict[str, Any]:
@@ -70,12 +74,11 @@ def gpu_stat(taken_at: float, g: GpuSample) -> dict[str, Any]:
     }
 
 
-def performance(samples: list[SystemSample], after: float | None) -> dict[str, Any]:
+def performance(samples: list[SystemSample], after: dt.datetime | None) -> dict[str, Any]:
     """The body of `/api/performance` while monitoring is on: samples taken strictly after
-    `after` (a Unix time), or all of them."""
-    # Compared in whole microseconds, the resolution of the timestamps a client sends back.
-    floor = None if after is None else round(after * 1_000_000)
-    kept = [s for s in samples if floor is None or round(s.taken_at * 1_000_000) > floor]
+    `after`, or all of them. Compared as the instants the client was shown (`_moment`), so
+    a sample's own timestamp sent back as `after` leaves that sample out."""
+    kept = [s for s in samples if after is None or _moment(s.taken_at) > after]
     return {
         "enabled": True,
         "sys_stats": [sys_stat(s) for s in kept],
