@@ -73,9 +73,11 @@ def capture(raw: Mapping[str, Any], parsed: ParsedConfig, plain: Mapping[str, An
         meaning["models"] = models
     keys = []
     for entry in raw.get("apiKeys") or []:
-        if isinstance(entry, str) and ENV_REF.search(entry):
-            value = ENV_REF.sub(lambda m: env.get(m.group(1), ""), entry)
-            keys.append({"ref": entry, "sha256": hashlib.sha256(value.encode()).hexdigest()})
+        # only a whole reference: "sk-${env.X}" would keep part of the key in the database
+        if isinstance(entry, str) and (ref := ENV_REF.fullmatch(entry.strip())):
+            value = env.get(ref.group(1), "")
+            keys.append({"ref": entry.strip(),
+                         "sha256": hashlib.sha256(value.encode()).hexdigest()})
     if keys:
         meaning["api_keys"] = keys
     preload = _get(raw, "hooks", "on_startup", "preload")

@@ -7,6 +7,7 @@ Every config here is hand-written YAML; every expected text is read off it by ey
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from django.core.management import call_command
 
 from scheduling.importer import export_config, export_document, import_path
-from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 
 pytestmark = pytest.mark.django_db
 
@@ -189,3 +190,15 @@ def test_export_command_prints_the_key_warnings_on_stderr(tmp_path):
     assert err.getvalue().splitlines()[0] == "warning: " + KEY_WARNING.format(
         name="ops", prefix="sk-gp")
     assert "# - <the key of 'ops'" in out.getvalue()
+
+
+def test_a_key_only_partly_from_env_is_not_kept_even_in_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUFFIX", "tail-9876")
+    import_path(write(tmp_path / "config.yaml", """\
+        apiKeys: ["sk-head-${env.SUFFIX}"]
+        models: {a: {cmd: s}}
+        """))
+    assert "sk-head" not in json.dumps(ConfigImport.last().meaning)
+    document = export_document()
+    assert "sk-head" not in document.text and "tail-9876" not in document.text
+    assert len(document.warnings) == 2  # the key, and: no usable key at all
