@@ -282,3 +282,31 @@ models:
         assert len(asyncio.all_tasks()) <= before
     finally:
         await runtime.shutdown()
+
+
+async def test_model_status_names_aliases_and_capabilities_as_llama_swap():
+    from gpuproxy.api.events import model_status
+    from gpuproxy.shell import runtime
+
+    rt = await runtime_on(f"""
+startPort: {free_port()}
+models:
+  vis:
+    cmd: {FAKE}
+    name: Vision
+    aliases: [eyes]
+    capabilities: {{in: [text, image], out: [text], context: 8192}}
+  plain:
+    cmd: {FAKE}
+    unlisted: true
+""")
+    try:
+        assert model_status(rt) == [
+            {"id": "plain", "name": "", "description": "", "state": "stopped",
+             "unlisted": True, "peerID": ""},
+            {"id": "vis", "name": "Vision", "description": "", "state": "stopped",
+             "unlisted": False, "peerID": "", "aliases": ["eyes"],
+             "capabilities": {"vision": True}, "context_length": 8192},
+        ]
+    finally:
+        await runtime.shutdown()

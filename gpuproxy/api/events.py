@@ -39,6 +39,7 @@ from typing import Any
 
 from activity.models import RequestLog
 from gpuproxy.observe import inflight, published
+from gpuproxy.proxy.model_list import render_capabilities
 from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
@@ -65,7 +66,8 @@ def frame(kind: str, data: Any) -> bytes:
 
 
 def model_status(rt: ProxyPort) -> list[dict[str, Any]]:
-    """llama-swap's `apiModel` list, sorted by id (peers: none, gpuproxy has no peers)."""
+    """llama-swap's `apiModel` list, sorted by id (peers: none, gpuproxy has no peers); the
+    optional fields only where they say something, as Go's `omitempty`."""
     models = []
     for model_id, meta in sorted(rt.catalog.models.items()):
         proc = rt.upstream(model_id)
@@ -75,6 +77,10 @@ def model_status(rt: ProxyPort) -> list[dict[str, Any]]:
             "unlisted": meta.unlisted, "peerID": ""}
         if meta.aliases:
             entry["aliases"] = list(meta.aliases)
+        rendered = render_capabilities(meta.capabilities)  # as /v1/models renders them
+        for key in ("capabilities", "context_length"):
+            if rendered.get(key):
+                entry[key] = rendered[key]
         models.append(entry)
     return models
 
