@@ -122,8 +122,8 @@ class Bus:
         self._task: asyncio.Task[None] | None = None
         self._models: list[dict[str, Any]] | None = None
         self._inflight: dict[str, dict[str, Any]] = {}
-        self._changed = asyncio.Event()  # a model state or a request here changed
-        self._reading = asyncio.Lock()  # one read of the requests at a time: none goes stale
+        self._states_changed = asyncio.Event()  # a model's state or the catalog changed
+        self._requests_changed = asyncio.Event()  # a request here started or ended
         self._listening = False
 
     @property
@@ -139,9 +139,11 @@ class Bus:
         self.clients.add(client)
         if not self._listening:  # module-level callbacks are for good: add them once
             self._listening = True
-            published.on_change(self._wake)
-            inflight.on_change(self._wake)
+            published.on_change(lambda: self._states_changed.set())
+            inflight.on_change(lambda: self._requests_changed.set())
         if self._task is None or self._task.done():
+            # made on the loop that runs the bus (an Event belongs to the first loop it waits on)
+            self._states_changed, self._requests_changed = asyncio.Event(), asyncio.Event()
             self._models = model_status(rt)  # what the new client is about to get
             self._task = asyncio.get_running_loop().create_task(self._run(rt),
                                                                 name="api-events")
@@ -154,9 +156,6 @@ class Bus:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._inflight = {}
-
-    def _wake(self) -> None:
-        self._changed.set()
 
     async def _run(self, rt: ProxyPort) -> None:
         pumps: list[Callable[[ProxyPort], Coroutine[Any, Any, None]]] = [
@@ -194,28 +193,31 @@ class Bus:
 
     async def _model_states(self, rt: ProxyPort) -> None:
         while True:
-            await self._changed.wait()
-            self._changed.clear()
+            await self._states_changed.wait()
+            self._states_changed.clear()
             now = model_status(rt)
             if now != self._models:
                 self._models = now
                 self.broadcast("modelStatus", now)
-            await self._requests_once(rt)
 
     async def _requests(self, rt: ProxyPort) -> None:
+        """Every `INFLIGHT_POLL` seconds (other processes' requests, byte counts), and at
+        once when one of this process's requests starts or ends."""
         while True:
-            await asyncio.sleep(INFLIGHT_POLL)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(INFLIGHT_POLL):
+                    await self._requests_changed.wait()
+            self._requests_changed.clear()
             await self._requests_once(rt)
 
     async def _requests_once(self, rt: ProxyPort) -> None:
         """Upserts for new requests and moved byte counts, removes for ended ones."""
-        async with self._reading:
-            try:
-                views = (await rt.requests_view())["in_flight"]
-            except Exception as exc:  # the scheduler process may be gone a moment: next poll
-                logger.debug("/api/events: no in-flight list (%s)", exc)
-                return
-            self._diff(views)
+        try:
+            views = (await rt.requests_view())["in_flight"]
+        except Exception as exc:  # the scheduler process may be gone a moment: next poll
+            logger.debug("/api/events: no in-flight list (%s)", exc)
+            return
+        self._diff(views)
 
     def _diff(self, views: list[dict[str, Any]]) -> None:
         now = {v["id"]: inflight_entry(v) for v in views}
