@@ -70,3 +70,19 @@ class RequestLog(models.Model):
     def __str__(self) -> str:
         return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.model or self.model_requested} " \
                f"{self.outcome}"
+
+
+class Capture(models.Model):
+    """One request's capture for `GET /api/captures/{id}` (activity/captures.py): compressed,
+    its row's by `request_id`, the table bounded by `captureBuffer` MB (oldest out first)."""
+
+    id = models.BigAutoField(primary_key=True)
+    request_id = models.UUIDField(unique=True)
+    size = models.IntegerField(help_text="compressed bytes")
+    data = models.BinaryField()
+
+    class Meta:
+        db_table = "activity_capture"
+
+    def __str__(self) -> str:
+        return f"capture {self.request_id} ({self.size} bytes)"

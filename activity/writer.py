@@ -12,6 +12,9 @@ writes them in batches on its own thread, so the database is never on a request'
 - Database down: the batch goes back to the front of the buffer (respecting the cap), the
   error is counted and logged once, and the task retries with exponential backoff
   (0.25 s -> 10 s); once the database answers again everything buffered is written.
+- A row may carry its request's capture (`activity/captures.py`, under `captures.ROW_KEY`):
+  stored after its batch's rows, by the same thread; dropped, not retried, if that fails,
+  and dropped from every buffered row while the database is down.
 - `flush(timeout)` writes everything buffered (graceful shutdown); `close(timeout)` flushes and
   stops the task.
 """
@@ -38,6 +41,8 @@ from django.db import (
     connections,
     transaction,
 )
+
+from activity import captures
 
 logger = logging.getLogger("activity.writer")
 
@@ -255,6 +260,10 @@ class ActivityWriter:
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
             self._put_back(batch)
+            # Captures wait for no outage: while the rows are kept, theirs go (their bodies
+            # would hold memory the row cap does not count).
+            for row in self._buf:
+                row.pop(captures.ROW_KEY, None)
             self._write_errors += 1
             self._backoff = (self.min_backoff if not self._failing
                              else min(self._backoff * 2, self.max_backoff))
@@ -396,6 +405,7 @@ class ActivityWriter:
                         logger.error("activity writer: the database refused a row (%s); "
                                      "dropped request_id=%s", _one_line(exc),
                                      row.get("request_id"))
+            captures.store(kept, self.using)
             return rejected
         except DatabaseError:
             if sqlite:  # start afresh next time

@@ -19,6 +19,7 @@ urlpatterns = [
     path("metrics", views.metrics_view),
     path("", include("gpuproxy.api.activity_urls")),
     path("", include("gpuproxy.api.live_urls")),
+    path("", include("gpuproxy.api.captures")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     re_path(r"^logs/stream/(?P<which>.+)$", views.logs_stream),

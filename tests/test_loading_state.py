@@ -122,6 +122,22 @@ def test_without_loading_state_a_comment_keeps_the_wait_alive(serve):
     assert held.answered().status_code == 200
 
 
+def test_a_waiting_stream_gets_its_200_and_a_comment_at_once(serve):
+    """Not after the first keep-alive interval (an hour here): a client whose header timeout
+    is shorter than the wait would give up before it."""
+    start = free_port()
+    proxy = serve(config(start, loading=False),
+                  extra_env={"GPUPROXY_STREAM_KEEPALIVE_SECONDS": "3600"})
+    held = Chat(proxy.base, "solo", gate="g")
+    queue_until(proxy, lambda q: q["in_flight"].get("solo") == 1)
+    s = Stream(proxy.base, "solo")
+    assert s.lines.get(timeout=15) == ": waiting for the model"  # the gate is still shut
+    assert s.status == 200
+    open_gate(start + 1, "g")
+    assert s.rest()[-1] == "data: [DONE]"
+    assert held.answered().status_code == 200
+
+
 def test_a_queue_timeout_after_the_200_ends_the_stream_with_an_error_event(serve):
     start = free_port()
     proxy = serve(config(start, loading=True))

@@ -22,12 +22,12 @@ from typing import Any
 
 from django.conf import settings
 
-from activity import outcomes
+from activity import captures, outcomes
 from activity.record import RequestRecord
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, metrics
 from gpuproxy.proxy.auth import KeyRefusal, authorize, credential_drop
-from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.errors import error_body, for_path
 from gpuproxy.proxy.exchange import CLIENT_CLOSED, JSON, UpstreamExchange
 from gpuproxy.proxy.exposure import SCOPE_KEY, proxy_path_needs_admin
 from gpuproxy.proxy.inference import (
@@ -195,13 +195,12 @@ class ProxyConsumer(UpstreamExchange):
                  outcomes.CANCELLED_BY_ADMIN, message)
         if not self._responded:
             self._responded = True
-            await self.send_response(503, error_body(message, "server_error",
-                                                     "cancelled_by_admin"), headers=JSON)
+            await self.send_response(503, for_path(self.scope["path"], 503, error_body(
+                message, "server_error", "cancelled_by_admin")), headers=JSON)
             return
         if rec.stream:  # an SSE stream: say why before it ends
-            await self.send_body(b"data: " + error_body(message, "server_error",
-                                                        "cancelled_by_admin") + b"\n\n",
-                                 more_body=True)
+            await self.send_body(self.sse_error(message, "server_error", "cancelled_by_admin",
+                                                503), more_body=True)
         await self.send_body(b"")
 
     def start_record(self) -> None:
@@ -215,7 +214,9 @@ class ProxyConsumer(UpstreamExchange):
         if self._log:
             self._log = False
             row = self.rec.row()
-            activity_writer().submit(row)
+            capture = self._capture
+            activity_writer().submit(row if capture is None else {**row,
+                                                                  captures.ROW_KEY: capture})
             metrics.observe_request(row)
 
     # ---- responses --------------------------------------------------------------------------
@@ -226,14 +227,19 @@ class ProxyConsumer(UpstreamExchange):
         Origin, and allows credentials on its preflights), the exposure policy's in
         (gpuproxy/proxy/exposure.py), so a page sees one set, ours."""
         kept = [(k, v) for k, v in headers or () if not k.lower().startswith(b"access-control-")]
-        await super().send_headers(status=status, headers=kept + list(
-            self.scope.get(SCOPE_KEY, ())))
+        kept += self.scope.get(SCOPE_KEY, ())
+        capture = self._capture
+        if capture is not None:
+            capture.resp_headers = kept
+        await super().send_headers(status=status, headers=kept)
 
     async def send_json(self, status: int, body: bytes,
                         headers: list[tuple[bytes, bytes]] | None = None,
                         outcome: str = "") -> None:
         if outcome:
             self.rec.fail(status, outcome, json.loads(body)["error"]["message"])
+        if status >= 400:
+            body = for_path(self.scope["path"], status, body)
         self._responded = True
         await self.send_headers(status=status, headers=JSON + (headers or []))
         await self.send_body(body)
@@ -328,10 +334,13 @@ class ProxyConsumer(UpstreamExchange):
         self._streams = parsed.stream
         self.rec.model_requested = parsed.model
         self.rec.stream = parsed.stream
-        model_id = self.rt.catalog.resolve(parsed.model)
-        meta = self.rt.catalog.models.get(model_id) if model_id else None
+        catalog = self.rt.catalog
+        model_id = catalog.resolve(parsed.model)
+        meta = catalog.models.get(model_id) if model_id else None
         priority = self.priority(parsed.json_body)
         if meta is not None:
+            if catalog.capture_buffer_mb:  # the one check captures cost when they are off
+                self.begin_capture(catalog.capture_buffer_mb, upstream_path, body)
             body = apply_filters(parsed, requested=parsed.model,
                                  use_model_name=meta.use_model_name,
                                  strip_params=meta.strip_params, set_params=meta.set_params,
@@ -389,7 +398,18 @@ class ProxyConsumer(UpstreamExchange):
                 outcome=outcomes.BAD_REQUEST)
             return
         self._streams = relay.passthrough_streams(body)
+        budget = self.rt.catalog.capture_buffer_mb
+        if budget and self.scope["method"] == "POST":
+            route = VERSIONLESS.get("/" + sub, "/" + sub)
+            if route in INFERENCE_PATHS:  # a model-dispatched path, as llama-swap meters
+                self.begin_capture(budget, route, body)
         await self.forward(model_id, "/" + sub, body, retry=False)
+
+    def begin_capture(self, budget_mb: int, route: str, body: bytes) -> None:
+        """Keep this request and its answer for `/api/captures` (activity/captures.py), with
+        the body as the client sent it, before any filter."""
+        self._capture = captures.Pending(budget_mb, self.scope["path"], route,
+                                         self.scope["headers"], body)
 
     async def forward(self, model: str, upstream_path: str,
                       body: bytes, priority: int | None = None, *, progress: bool = False,
@@ -399,8 +419,8 @@ class ProxyConsumer(UpstreamExchange):
         With `progress` (a streaming chat request), a request the scheduler makes wait gets
         its 200 and an SSE stream at once: with `loading_state`, chunks whose
         `delta.reasoning_content` says what it waits for (a model load, its place in the
-        queue); otherwise a comment every KEEPALIVE seconds, so that idle-timeout proxies
-        and clients do not cut a long wait. Rejections come before it, as JSON.
+        queue); otherwise a comment at once and then every KEEPALIVE seconds, so that no
+        header or idle timeout cuts a long wait. Rejections come before it, as JSON.
 
         `retry`: whether a request written on a reused connection that the upstream closed
         unread may be sent once more (`relay.may_retry`): inference paths only, since a
@@ -460,21 +480,22 @@ class ProxyConsumer(UpstreamExchange):
                           loading_state: bool) -> None:
         """Tell a waiting streaming client that it waits (see `forward`)."""
         await waiting.waits.wait()
-        if not loading_state:
-            await asyncio.sleep(KEEPALIVE)
+        # The 200 and a first sign at once, not after the first KEEPALIVE: a client whose
+        # header timeout is shorter than the wait would give up on a silent connection.
         if not self._responded:  # (a request waiting again after its model died has one)
             await self.start_stream()
         told = ""
         while True:
-            if loading_state:
-                text = (f"waiting in the {band(priority)} band: position {waiting.position}\n"
-                        if waiting.position else f"loading model {model}…\n")
-                if text != told:
-                    told = text
-                    await self.send_body(b"data: " + json.dumps(_reasoning_chunk(
-                        model, text)).encode() + b"\n\n", more_body=True)
-            else:
+            if not loading_state:
                 await self.send_body(b": waiting for the model\n\n", more_body=True)
+                await asyncio.sleep(KEEPALIVE)
+                continue
+            text = (f"waiting in the {band(priority)} band: position {waiting.position}\n"
+                    if waiting.position else f"loading model {model}…\n")
+            if text != told:
+                told = text
+                await self.send_body(b"data: " + json.dumps(_reasoning_chunk(
+                    model, text)).encode() + b"\n\n", more_body=True)
             waiting.position_changed.clear()
             # Not wait_for: on Python 3.11 it can swallow the cancel `forward` sends as
             # the position changes, and `forward` would then wait for this task forever.

@@ -46,7 +46,7 @@ from urllib.parse import unquote
 from twisted.web import http
 
 from activity import outcomes
-from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.errors import error_body_for
 
 logger = logging.getLogger("gpuproxy.proxy.edge")
 
@@ -382,7 +382,10 @@ class EdgeChannel(http.HTTPChannel):
         self._refused = True
         self._cancel_head_timer()
         self.persistent = False
-        body = error_body(refusal.message, refusal.type, refusal.code)
+        path = unquote((getattr(self, "_path", None) or b"").split(b"?", 1)[0]
+                       .decode("latin-1"))
+        body = error_body_for(path, refusal.status, refusal.message, refusal.type,
+                              refusal.code)
         lines = [b"HTTP/1.1 %d %s" % (refusal.status, _REASONS.get(refusal.status, b"Error")),
                  b"Content-Type: application/json", b"Content-Length: %d" % len(body),
                  b"Connection: close", b"Server: gpuproxy", b"X-Content-Type-Options: nosniff"]

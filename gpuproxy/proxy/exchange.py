@@ -12,15 +12,17 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import httpx
 
 from activity import outcomes
+from activity.captures import Pending
 from activity.record import RequestRecord
 from activity.usage import UsageParser
 from gpuproxy.observe import metrics
-from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body
 from gpuproxy.proxy.http_app import HttpApp
 from gpuproxy.shell.port import ProxyPort, UpstreamView
 from gpuproxy.upstream import relay
@@ -47,6 +49,7 @@ class UpstreamExchange(HttpApp):
     _responded: bool
     _drop: frozenset[bytes]
     _streams: bool
+    _capture: Pending | None = None  # this request's capture, when captures are on
 
     async def send_json(self, status: int, body: bytes,
                         headers: list[tuple[bytes, bytes]] | None = None,
@@ -64,9 +67,16 @@ class UpstreamExchange(HttpApp):
         """An error after the stream's 200 went out: an OpenAI-style `error` event, then
         the end (never a `[DONE]`)."""
         self.rec.fail(status, outcome, message)
-        await self.send_body(b"data: " + error_body(message, "upstream_error", code)
-                             + b"\n\n", more_body=True)
+        await self.send_body(self.sse_error(message, "upstream_error", code, status),
+                             more_body=True)
         await self.send_body(b"")
+
+    def sse_error(self, message: str, type_: str, code: str | None, status: int) -> bytes:
+        """An error as an SSE event in the stream's own protocol: Anthropic's `error` event
+        on its paths (the SDK raises it with the message), OpenAI's `data:` otherwise."""
+        if self.scope["path"] in ANTHROPIC_PATHS:
+            return b"event: error\ndata: " + anthropic_error_body(status, message) + b"\n\n"
+        return b"data: " + error_body(message, type_, code) + b"\n\n"
 
     async def relay(self, model: str, upstream_path: str,
                     body: bytes, *, retry: bool = True, requeue: bool = False) -> bool:
@@ -125,6 +135,9 @@ class UpstreamExchange(HttpApp):
         content_type = response_headers.get("content-type", "")
         sse = content_type.startswith("text/event-stream")
         parser = UsageParser(content_type)
+        feed: Callable[[bytes], None] = parser.feed
+        if self._capture is not None:
+            feed = self._capture.tee(feed)
         status = response.status_code
         if self._responded and status >= 400:
             # The wait was reported on a 200 stream; the upstream's error becomes an event.
@@ -146,7 +159,7 @@ class UpstreamExchange(HttpApp):
             async for chunk in response.stream:  # type: ignore[union-attr]
                 if rec.first_byte is None:
                     rec.first_byte = time.monotonic()
-                parser.feed(chunk)
+                feed(chunk)
                 rec.bytes_out += len(chunk)
                 ended = rec.bytes_out == last
                 await self.send_body(chunk, more_body=not ended)
@@ -239,8 +252,8 @@ class UpstreamExchange(HttpApp):
         logger.warning("%s", message)
         self.rec.fail(status, outcome, message)
         if sse:
-            await self.send_body(b"\n\ndata: " + error_body(message, "upstream_error", code)
-                                 + b"\n\n", more_body=True)
+            await self.send_body(b"\n\n" + self.sse_error(message, "upstream_error", code, 502),
+                                 more_body=True)
             await self.send_body(b"")
         elif not self.abort_client():
             await self.send_body(b"")

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from gpuproxy.proxy.errors import error_body
+from gpuproxy.proxy.errors import error_body_for
 from gpuproxy.proxy.inference import INFERENCE_PATHS
 
 logger = logging.getLogger("gpuproxy.proxy.exposure")
@@ -391,7 +391,8 @@ class ExposureMiddleware:
                 await receive()
                 await send({"type": "websocket.close", "code": 4400})
                 return
-            await _answer(send, 400, refused[0], refused[1], "invalid_request_error")
+            await _answer(send, 400, refused[0], refused[1], "invalid_request_error",
+                          scope.get("path", ""))
             return
         if kind == "websocket":  # the dashboard checks its Origin itself (same origin only)
             await self.app(scope, receive, send)
@@ -405,7 +406,7 @@ class ExposureMiddleware:
         verdict = decide(req, keys_exist)
         if verdict.status:
             await _answer(send, verdict.status, verdict.code, verdict.message,
-                          "permission_error")
+                          "permission_error", scope.get("path", ""))
             return
         if verdict.preflight:
             await send({"type": "http.response.start", "status": 204,
@@ -441,8 +442,9 @@ class CorsHeaders:
         await self.app(scope, receive, sending)
 
 
-async def _answer(send: Send, status: int, code: str, message: str, type_: str) -> None:
-    body = error_body(message, type_, code)
+async def _answer(send: Send, status: int, code: str, message: str, type_: str,
+                  path: str = "") -> None:
+    body = error_body_for(path, status, message, type_, code)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
