@@ -6,9 +6,11 @@ and OpenAI's paths keep OpenAI's shape. (The SDK is not installed here: raw HTTP
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
+from gpuproxy.proxy.consumers import ProxyConsumer
 from gpuproxy.proxy.errors import anthropic_type
 from tests.conftest import FAKE, free_port
 from tests.helpers import Chat, open_gate, queue_until
@@ -55,6 +57,21 @@ def test_the_status_picks_anthropics_type():
         "invalid_request_error", "authentication_error", "permission_error",
         "not_found_error", "request_too_large", "rate_limit_error", "api_error", "api_error",
         "overloaded_error", "api_error"]
+
+
+def test_an_error_after_the_stream_began_is_an_anthropic_error_event():
+    """Mid-stream (a cut upstream, an administrator's cancel) on Anthropic's path: its SSE
+    `error` event, which the SDK raises with the message; OpenAI's `data:` event elsewhere."""
+    consumer = ProxyConsumer()
+    consumer.scope = {"path": "/v1/messages"}
+    event = consumer.sse_error("model 'm' died", "upstream_error", "upstream_died", 502)
+    name, data = event.decode().strip().split("\n")
+    assert name == "event: error"
+    assert json.loads(data[len("data: "):]) == {
+        "type": "error", "error": {"type": "api_error", "message": "model 'm' died"}}
+    consumer.scope = {"path": "/v1/chat/completions"}
+    event = consumer.sse_error("model 'm' died", "upstream_error", "upstream_died", 502)
+    assert json.loads(event.decode()[len("data: "):])["error"]["code"] == "upstream_died"
 
 
 def test_errors_on_anthropic_paths_have_anthropics_shape(serve):
