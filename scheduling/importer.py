@@ -197,7 +197,9 @@ def import_config(parsed: ParsedConfig, *, dry_run: bool = False,
 
 def _record(source: Source, parsed: ParsedConfig) -> None:
     ConfigImport(
-        source_path=str(source.path), files=[str(f) for f in source.files],
+        # absolute: the admin's banner and the report must name it wherever they are read
+        source_path=str(source.path.absolute()),
+        files=[str(f.absolute()) for f in source.files],
         content_hash=source.content_hash, imported_at=timezone.now(),
         managed={"models": sorted(m.model_id for m in parsed.models),
                  "groups": sorted(g.group_id for g in parsed.groups),

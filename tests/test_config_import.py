@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -666,3 +667,12 @@ def test_a_config_dir_names_the_file_of_a_key_given_twice(tmp_path):
     with pytest.raises(ConfigError) as info:
         import_path(tmp_path)
     assert str(info.value) == "b.yaml: globalTTL: given twice (lines 1 and 2); keep one of them"
+
+
+def test_the_last_import_names_its_file_by_absolute_path(tmp_path, monkeypatch):
+    write(tmp_path / "config.yaml", "models:\n  a: {cmd: s}\n")
+    monkeypatch.chdir(tmp_path)
+    import_path(Path("config.yaml"))
+    last = ConfigImport.last()
+    assert (last.source_path, last.files) == (str(tmp_path / "config.yaml"),
+                                              [str(tmp_path / "config.yaml")])
