@@ -60,6 +60,10 @@ class Difference:
     why: str
 
 
+# `gpuproxy serve` uses this run's test database, which pytest-django creates only for a
+# session with a test marked as using it.
+pytestmark = pytest.mark.django_db
+
 #: Applies to every answer whose llama-swap body carries its `src` marker.
 ERRORS = "every error llama-swap writes itself"
 
@@ -91,6 +95,12 @@ ALLOWED_DIFFERENCES: tuple[Difference, ...] = (
     Difference("GET /running", "running[].pid", "number", "absent",
                "the upstream's process id, for the operator who must find it (ps, kill, "
                "py-spy); /running shows it to admin keys only"),
+    *(Difference("POST /v1/chat/completions (loading stream)", f"loading chunk {what}", kind,
+                 "absent", "each loading message is a whole `chat.completion.chunk`, as OpenAI's "
+                 "clients expect of every chunk; llama-swap's carries only `choices[].delta`")
+      for what, kind in (("id", "string"), ("object", "string"), ("created", "number"),
+                         ("model", "string"), ("choices[].index", "number"),
+                         ("choices[].finish_reason", "null"))),
     Difference("POST /v1/chat/completions (unknown model)", "error.code",
                '"model_not_found"', '"not_found"',
                "OpenAI's own code for a model that does not exist; the message names "
@@ -182,6 +192,9 @@ models:
     cmd: {fake}
   embed:
     cmd: {fake}
+  slow:
+    cmd: {fake} --load-seconds 1.5
+    sendLoadingState: true
 groups:
   side:
     swap: false
@@ -425,6 +438,37 @@ def test_chat_streams_alike(pair: Pair) -> None:
         assert mine.headers.get(header) == theirs.headers.get(header), header
 
 
+def test_a_loading_stream_reads_alike(pair: Pair) -> None:
+    """`sendLoadingState`: a stream that waits for its model's load gets 200 at once, chunks
+    with the loading messages in `delta.reasoning_content`, then the answer's, `[DONE]` last.
+    How many loading chunks each sends depends on timing: each kind's shapes are compared
+    together (every path and kind in any of them)."""
+    pair.both("POST", "/api/models/unload")
+    mine, theirs = pair.both("POST", "/v1/chat/completions",
+                             json={**CHAT, "model": "slow", "stream": True})
+    assert (mine.status_code, media_type(mine)) == (theirs.status_code, media_type(theirs)) == (
+        200, SSE)
+    ours_events, their_events = sse_events(mine.text), sse_events(theirs.text)
+    assert their_events[-1] == ours_events[-1] == "[DONE]"
+
+    def union(events: list[Any], loading: bool) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for e in events[:-1]:
+            if ("reasoning_content" in json.dumps(e)) == loading:
+                for path, kinds in shape(e).items():
+                    out.setdefault(path, set()).update(kinds)
+        return out
+
+    found: list[Finding] = []
+    for loading, label in ((True, "loading chunk"), (False, "chunk")):
+        a, b = union(ours_events, loading), union(their_events, loading)
+        assert b, f"llama-swap sent no {label}: {theirs.text[:500]}"
+        found += [(f"{label} {p}", _kinds(a.get(p)), _kinds(b.get(p)))
+                  for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]
+    assert_only_allowed("POST /v1/chat/completions (loading stream)", found,
+                        detail=f"ours: {mine.text[:800]}\ntheirs: {theirs.text[:800]}")
+
+
 def test_a_capture_reads_alike(pair: Pair) -> None:
     """A chat request's capture, found through the activity list's newest row."""
     pair.both("POST", "/v1/chat/completions", json=CHAT)
@@ -508,7 +552,7 @@ def test_the_table_names_only_endpoints_that_are_compared() -> None:
     """A row for an endpoint no comparison checks would be a claim nobody verifies."""
     compared = {c.name for c in CASES} | {
         "GET /api/captures/{id}", "GET /api/captures/{id} (unknown)", "GET /api/performance",
-        "GET /api/events", ERRORS}
+        "GET /api/events", "POST /v1/chat/completions (loading stream)", ERRORS}
     assert {d.endpoint for d in ALLOWED_DIFFERENCES} <= compared
 
 
@@ -525,7 +569,8 @@ def test_the_migration_guide_shows_every_row() -> None:
         what = d.what.removeprefix("frame ")
         named = path if d.endpoint == ERRORS else f"`{path}`"
         return any(named in line and (not case or f"({case}" in line)
-                   and what.lower() in line.lower() and d.ours.strip('"') in line
-                   and d.theirs.strip('"') in line for line in lines)
+                   and what.lower() in line.replace("`", "").lower()
+                   and d.ours.strip('"') in line and d.theirs.strip('"') in line
+                   for line in lines)
 
     assert [d for d in ALLOWED_DIFFERENCES if not said(d)] == []

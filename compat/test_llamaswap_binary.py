@@ -57,6 +57,7 @@ def listing(http: httpx.Client) -> dict[str, dict]:
     return {m["id"]: m for m in r.json()["data"]}
 
 
+@pytest.mark.django_db(transaction=True)  # `gpuproxy serve` uses this run's test database
 def test_both_list_the_same_models_with_the_same_names(llamaswap, serve, start_port):
     proxy = ours(serve, start_port)
     proxy.http.headers.update(KEY)
