@@ -4,37 +4,22 @@ and llama-swap's `/api/events` `inflight` rows.
 The proxy consumer registers a request when the scheduler grants it and forgets it when it
 ends; everything runs on the server's event loop, so a plain dict is enough. An entry reads
 the consumer's live `RequestRecord` (bytes relayed so far, first byte) instead of copying it.
-Its request headers are kept redacted from the start (`REDACTED_HEADERS`, llama-swap's list):
-a view of a request in flight may reach another client, never a credential.
+Its request headers are kept redacted from the start, as a capture keeps them
+(`activity.captures.header_map`, llama-swap's list): a view of a request in flight may reach
+another client, never a credential.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from activity.captures import header_map
 from activity.record import RequestRecord
 from scheduling.core.priority import band
-
-# The headers whose values a view never shows (llama-swap's `sensitiveHeaders`).
-REDACTED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie",
-                              "x-api-key"})
-REDACTED = "[REDACTED]"
-
-
-def redacted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """ASGI headers as llama-swap's `req_headers`: one value per name (the first), in the
-    canonical Go spelling (`Content-Type`), credentials replaced by `[REDACTED]`."""
-    out: dict[str, str] = {}
-    for key, value in raw:
-        name = "-".join(p.capitalize() for p in key.decode("latin-1").split("-"))
-        if name not in out:
-            out[name] = (REDACTED if name.lower() in REDACTED_HEADERS
-                         else value.decode("latin-1"))
-    return out
 
 
 def rfc3339(wall: float) -> str:
@@ -47,7 +32,7 @@ class InFlight:
     rec: RequestRecord
     model: str
     cancel: Callable[[], None]  # ends the request on an operator's word
-    headers: dict[str, str] = field(default_factory=dict)  # redacted (`redacted_headers`)
+    headers: dict[str, str] = field(default_factory=dict)  # redacted (`header_map`)
     remote_ip: str = ""  # the peer's address (the record's `client` becomes the key's name)
 
     @classmethod
@@ -55,7 +40,7 @@ class InFlight:
            scope: dict[str, Any]) -> InFlight:
         """An entry for the ASGI request `scope`: its headers redacted once, here."""
         client = scope.get("client") or ("", 0)
-        return cls(rec, model, cancel, redacted_headers(scope.get("headers", ())),
+        return cls(rec, model, cancel, header_map(list(scope.get("headers", ()))) or {},
                    client[0] or "")
 
     def view(self, now: float) -> dict[str, Any]:

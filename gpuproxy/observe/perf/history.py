@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from gpuproxy.observe.inflight import rfc3339
 from gpuproxy.observe.perf.parse import GpuSample
 from gpuproxy.observe.perf.sample import SystemSample
 
@@ -23,14 +24,10 @@ def _moment(wall: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(wall, tz=dt.UTC)
 
 
-def _time(wall: float) -> str:
-    return _moment(wall).isoformat().replace("+00:00", "Z")
-
-
 def sys_stat(s: SystemSample) -> dict[str, Any]:
     load1, load5, load15 = s.load_average
     return {
-        "timestamp": _time(s.taken_at),
+        "timestamp": rfc3339(s.taken_at),
         "cpu_util_per_core": list(s.cpu_percent),
         "mem_total_mb": s.memory_total_bytes // MIB,
         "mem_used_mb": s.memory_used_bytes // MIB,
@@ -59,7 +56,7 @@ def _index(gpu_id: str) -> int:
 
 def gpu_stat(taken_at: float, g: GpuSample) -> dict[str, Any]:
     return {
-        "timestamp": _time(taken_at),
+        "timestamp": rfc3339(taken_at),
         "id": _index(g.id),
         "name": g.name,
         "uuid": g.uuid,
