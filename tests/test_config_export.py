@@ -202,3 +202,24 @@ def test_a_key_only_partly_from_env_is_not_kept_even_in_part(tmp_path, monkeypat
     document = export_document()
     assert "sk-head" not in document.text and "tail-9876" not in document.text
     assert len(document.warnings) == 2  # the key, and: no usable key at all
+
+
+def test_the_fixture_round_trips_through_its_export_with_its_meaning(tmp_path, monkeypatch):
+    """tests/data/llama-swap-config.yaml (macros, ${env.…}, setParamsByID, groups, keys of
+    every kind): import, export, import the export into an empty database: the same rows."""
+    from tests.llamaswap_fixture import FIXTURE, FIXTURE_ENV
+    from tests.test_config_import import snapshot, without_identity
+
+    for name, value in FIXTURE_ENV.items():
+        monkeypatch.setenv(name, value)
+    import_path(FIXTURE)
+    ApiKey.objects.update(admin=True)
+    before = without_identity(snapshot())
+    document = export_document()
+    for value in FIXTURE_ENV.values():
+        assert value not in document.text
+    exported = write(tmp_path / "exported.yaml", document.text)
+    for model in (ModelDefinition, ModelGroup, ApiKey, ProxySettings):
+        model.objects.all().delete()
+    import_path(exported)
+    assert without_identity(snapshot()) == before
