@@ -188,6 +188,8 @@ models:
     name: Chat A
     description: the first fake
     aliases: [gpt-a]
+    metadata: {{family: fake, size_b: 1}}
+    capabilities: {{in: [text, image], out: [text], tools: true, context: 8192}}
   chat-b:
     cmd: {fake}
   embed:
