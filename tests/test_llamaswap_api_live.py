@@ -310,3 +310,18 @@ models:
         ]
     finally:
         await runtime.shutdown()
+
+
+def test_an_activity_id_that_commits_after_a_higher_one_is_still_told():
+    """Two writers (two processes) can commit ids out of order: 5 seen after 10."""
+    from gpuproxy.api.events import ACTIVITY_LOOKBACK, NewIds
+
+    ids = NewIds()
+    assert ids.news([1, 2, 3]) == []  # the table as the stream found it
+    assert ids.news([1, 2, 3, 10]) == [10]
+    assert ids.floor < 5  # the next read looks back below the highest id seen
+    assert ids.news([1, 2, 3, 5, 10]) == [5]
+    assert ids.news([1, 2, 3, 5, 10, 11]) == [11]  # nothing told twice
+    far = 11 + ACTIVITY_LOOKBACK + 1
+    assert ids.news([far]) == [far]
+    assert ids.floor == far - ACTIVITY_LOOKBACK and ids.seen == {far}

@@ -230,24 +230,41 @@ class Bus:
         self._inflight = now
 
     async def _activity(self, rt: ProxyPort) -> None:
-        seen: set[int] | None = None  # ids above `top - ACTIVITY_LOOKBACK` already told
-        top = 0  # the highest id seen
+        ids = NewIds()
         while True:
             try:
-                ids = await runtime.run_db(functools.partial(
-                    _ids_above, top - ACTIVITY_LOOKBACK, seen is None))
-                if seen is None:  # the rows before the stream opened are not news
-                    seen = set(ids)
-                else:
-                    for row_id in ids:
-                        if row_id not in seen:
-                            seen.add(row_id)
-                            self.broadcast("activity", {"id": row_id})
-                top = max([top, *ids])
-                seen = {i for i in seen if i > top - ACTIVITY_LOOKBACK}
+                read = await runtime.run_db(functools.partial(_ids_above, ids.floor,
+                                                              ids.first))
+                for row_id in ids.news(read):
+                    self.broadcast("activity", {"id": row_id})
             except Exception as exc:  # the database is away: the rows wait for its return
                 logger.debug("/api/events: no activity ids (%s)", exc)
             await asyncio.sleep(ACTIVITY_POLL)
+
+
+class NewIds:
+    """Which activity ids are news. Ids are handed out when a row is inserted but seen when
+    its transaction commits, and two writers (two processes) can commit out of id order: so
+    each read starts `ACTIVITY_LOOKBACK` ids below the highest seen, and the ids seen there
+    are remembered, not told twice."""
+
+    def __init__(self) -> None:
+        self.first = True  # the first read only says where the table stands: no news
+        self.top = 0  # the highest id seen
+        self.seen: set[int] = set()  # those above `floor`
+
+    @property
+    def floor(self) -> int:
+        return self.top - ACTIVITY_LOOKBACK
+
+    def news(self, read: list[int]) -> list[int]:
+        """The ids of `read` (ids above `floor`, in order) not seen before."""
+        fresh = [] if self.first else [i for i in read if i not in self.seen]
+        self.first = False
+        self.seen.update(read)
+        self.top = max([self.top, *read])
+        self.seen = {i for i in self.seen if i > self.floor}
+        return fresh
 
 
 def _ids_above(floor: int, first: bool) -> list[int]:
