@@ -32,6 +32,7 @@ from gpuproxy.proxy.exchange import CLIENT_CLOSED, JSON, UpstreamExchange
 from gpuproxy.proxy.exposure import SCOPE_KEY, proxy_path_needs_admin
 from gpuproxy.proxy.inference import (
     FORM_PATHS,
+    GET_ONLY_PATHS,
     INFERENCE_PATHS,
     VERSIONLESS,
     BadRequest,
@@ -290,10 +291,12 @@ class ProxyConsumer(UpstreamExchange):
         elif path.startswith("/upstream/"):
             await self.upstream_passthrough(path[len("/upstream/"):], body)
         elif path in INFERENCE_PATHS:
-            allowed = ("GET", "POST") if path in GET_PATHS else ("POST",)
+            allowed = (("GET",) if path in GET_ONLY_PATHS
+                       else ("GET", "POST") if path in GET_PATHS else ("POST",))
             if method not in allowed:
                 await self.method_not_allowed(*allowed)
                 return
+            self._log = path not in GET_ONLY_PATHS
             await self.inference(VERSIONLESS.get(path, path), body)
         else:
             await self.send_json(404, error_body(f"no such endpoint: {method} {path}",

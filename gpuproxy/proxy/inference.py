@@ -23,8 +23,13 @@ JSON_PATHS = frozenset({
     "/v1/images/generations",
 })
 FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
+# Model-dispatched reads, GET only, the model in `?model=` (llama-swap's `modelGetRoutes`; a
+# POST to llama-server's `/props` changes the server, which llama-swap does not route either).
+# Not logged: a page polling a model's props is not an inference request (llama-swap records
+# none of them either).
+GET_ONLY_PATHS = frozenset({"/props"})
 VERSIONLESS = {"/v/" + p[len("/v1/"):]: p for p in JSON_PATHS if p.startswith("/v1/")}
-INFERENCE_PATHS = JSON_PATHS | FORM_PATHS | frozenset(VERSIONLESS)
+INFERENCE_PATHS = JSON_PATHS | FORM_PATHS | GET_ONLY_PATHS | frozenset(VERSIONLESS)
 # What ProxyConsumer answers (routing.py): the inference paths, the model list, `/upstream/...`.
 PROXY_PATTERN = "^(" + "|".join(sorted(
     p.lstrip("/").replace(".", r"\.") for p in INFERENCE_PATHS | {"/v1/models", "/models"}
