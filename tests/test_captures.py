@@ -64,6 +64,8 @@ def test_off_by_default_nothing_is_stored_and_the_get_is_404(serve):
     got = proxy.http.get(f"/api/captures/{row.id}")
     assert got.status_code == 404 and got.json()["error"]["code"] == "capture_not_found"
     assert not Capture.objects.exists()
+    listed = proxy.http.get("/api/metrics/activity").json()["data"]
+    assert [x["has_capture"] for x in listed if x["id"] == row.id] == [False]
 
 
 def test_json_and_sse_answers_are_captured_with_every_credential_redacted(serve):
@@ -98,6 +100,14 @@ def test_json_and_sse_answers_are_captured_with_every_credential_redacted(serve)
     assert c["req_headers"]["X-Api-Key"] == "[REDACTED]" and CLIENT_KEY not in sse.text
     assert body(c, "resp_body") == streamed and streamed.rstrip().endswith(b"data: [DONE]")
     assert c["resp_headers"]["Content-Type"].startswith("text/event-stream")
+
+    # llama-swap's activity list says which rows have one: not a request for no model
+    assert proxy.http.post("/v1/chat/completions", json={**sent, "model": "nope"}, headers={
+        "User-Agent": "nope/1", "Authorization": f"Bearer {CLIENT_KEY}"}).status_code == 404
+    nope = row_of("nope/1").id
+    listed = proxy.http.get("/api/metrics/activity", headers=ADMIN).json()["data"]
+    has = {x["id"]: x["has_capture"] for x in listed}
+    assert (has[row_of("json/1").id], has[row_of("sse/1").id], has[nope]) == (True, True, False)
 
     # prompts: admin keys only
     other = proxy.http.get(f"/api/captures/{row_of('sse/1').id}",

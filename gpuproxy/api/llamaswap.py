@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from django.db.models.functions import Floor
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.views.decorators.http import require_safe
 
+from activity import captures
 from activity.admin import EstimatedCountPaginator
 from activity.models import RequestLog
 from gpuproxy.api.activity import BadParameter, bad_parameter, database_unavailable
@@ -201,7 +203,8 @@ def _timestamp(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def llamaswap_row(row: dict[str, Any]) -> dict[str, Any]:
+def llamaswap_row(row: dict[str, Any], captured: AbstractSet[Any] = frozenset()
+                  ) -> dict[str, Any]:
     """One of our rows as llama-swap's `ActivityLogEntry`. What llama-swap has no field for
     travels in `metadata` (a string map there: `fifo_priority` is its own key)."""
     status = row["status_code"]
@@ -225,8 +228,8 @@ def llamaswap_row(row: dict[str, Any]) -> dict[str, Any]:
             "tokens_per_second": _number(row["generation_tps"]),
         },
         "duration_ms": _number(row["duration_ms"], as_int=True),
-        # captures: the one place `has_capture` is computed; False until captures are stored.
-        "has_capture": False,
+        # captures: the one place `has_capture` is computed (`captured`: activity/captures.py)
+        "has_capture": row["request_id"] in captured,
     }
     if row["error"]:
         entry["error_msg"] = row["error"]
@@ -242,12 +245,16 @@ def llamaswap_row(row: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def list_activity(query: ActivityQuery) -> dict[str, Any]:
+def list_activity(query: ActivityQuery, captures_on: bool = False) -> dict[str, Any]:
+    """`captures_on`: whether captures are on (`captureBuffer`); off, no row has one, as
+    `/api/captures/{id}` answers 404 then."""
     qs = activity_queryset(query)
     total = EstimatedCountPaginator(qs, query.limit).count
     offset = (query.page - 1) * query.limit
-    rows = qs.order_by(*_ordering(query)).values(*_ROW_FIELDS)[offset:offset + query.limit]
-    return {"data": [llamaswap_row(row) for row in rows], "page": query.page,
+    rows = list(qs.order_by(*_ordering(query)).values(*_ROW_FIELDS)[offset:offset + query.limit])
+    captured = (captures.having(row["request_id"] for row in rows) if captures_on and rows
+                else frozenset())
+    return {"data": [llamaswap_row(row, captured) for row in rows], "page": query.page,
             "limit": query.limit, "total": total,
             "total_pages": math.ceil(total / query.limit) if total else 0}
 
@@ -259,7 +266,8 @@ async def activity(request: HttpRequest) -> HttpResponse:
     except BadParameter as exc:
         return bad_parameter(exc)
     try:
-        page = await runtime.run_db(lambda: list_activity(query))
+        on = bool((await runtime.port()).catalog.capture_buffer_mb)
+        page = await runtime.run_db(lambda: list_activity(query, on))
     except (OperationalError, InterfaceError) as exc:  # the connection, not the query
         return database_unavailable(exc)
     return JsonResponse(page)
