@@ -131,7 +131,10 @@ def test_llama_swaps_own_command_line_runs_serve(tmp_path: Path, serve_workers: 
         healthy(proc, log, f"http://127.0.0.1:{port}")
         r = httpx.get(f"http://127.0.0.1:{port}/v1/models", trust_env=False)
         assert [m["id"] for m in r.json()["data"]] == ["solo"]
-        assert f"listening on http://0.0.0.0:{port}" in log.read_text()
+        # The supervisor of --workers N says so once every request process is ready, which
+        # may be after one of them answered.
+        until("it says it listens on every interface",
+              lambda: f"listening on http://0.0.0.0:{port}" in log.read_text())
     finally:
         assert ended(proc) == 0, log.read_text()
 
@@ -271,12 +274,13 @@ def test_watch_config_applies_an_edit_without_a_signal(serve, tmp_path: Path):
     start = free_port()
     proxy = serve(one_model(start), {"GPUPROXY_RELOAD_SECONDS": "3600"},
                   args=("-watch-config",))
-    assert "for changes (every 2 s, -watch-config)" in proxy.output()
+    until("it says it watches the file",  # once the runtime is up, maybe after /health
+          lambda: "for changes (every 2 s, -watch-config)" in proxy.output())
     (tmp_path / "config.yaml").write_text(textwrap.dedent(two_models(start)))
     until("/v1/models lists the model added", lambda: listed(proxy) == ["second", "solo"],
           within=30)
-    assert "-watch-config: the file changed" in proxy.output()
-    assert "model 'second' added" in proxy.output()
+    until("the log says why and what changed", lambda: "-watch-config: the file changed"
+          in proxy.output() and "model 'second' added" in proxy.output())
 
 
 def test_an_admin_edit_survives_a_restart_until_the_file_changes_or_is_forced(
