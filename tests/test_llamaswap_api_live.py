@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -37,10 +38,19 @@ class Events(threading.Thread):
         self.status: int | None = None
         self.content_type = ""
         self._stop = threading.Event()
+        self.ended = False
         self.start()
         until("the event stream answered", lambda: self.status is not None)
 
     def run(self) -> None:
+        try:
+            self._read()
+        except httpx.TransportError:
+            pass  # the proxy stopped: `ended` says so
+        finally:
+            self.ended = True
+
+    def _read(self) -> None:
         with httpx.Client(base_url=self.base, trust_env=False, timeout=None) as h, \
                 h.stream("GET", "/api/events", headers=self.headers) as r:
             self.status, self.content_type = r.status_code, r.headers.get("content-type", "")
@@ -159,6 +169,18 @@ def test_inflight_upsert_remove_and_cancel_of_a_streaming_request(serve):
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
     assert proxy.http.post("/api/inflight/nope/cancel").status_code == 404
     events.close()
+
+
+def test_an_open_event_stream_does_not_hold_the_shutdown(serve):
+    """llama-swap ends its streams at shutdown; a drain must not wait its grace for one."""
+    proxy = serve(one_model(free_port()), {"GPUPROXY_SHUTDOWN_GRACE_SECONDS": "30"})
+    events = Events(proxy.base)
+    until("the initial payload", lambda: len(events.frames) >= 4)
+    began = time.monotonic()
+    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.proc.wait(25)
+    assert time.monotonic() - began < 15, proxy.output()[-2000:]
+    until("the stream ended", lambda: events.ended)
 
 
 def test_keys_guard_the_live_api(serve):

@@ -73,6 +73,7 @@ limits = Limits()
 # ---- draining, and what is in flight ---------------------------------------------------------
 
 _draining = False
+OPEN_ENDED = (b"/logs/stream", b"/api/events")  # streams a drain does not wait for
 _in_flight: dict[Any, tuple[float, str]] = {}  # WebRequest -> (monotonic start, "METHOD /path")
 _idle_waiters: list[asyncio.Future[None]] = []
 
@@ -89,8 +90,8 @@ def draining() -> bool:
 
 def in_flight() -> list[tuple[float, str]]:
     """(seconds running, "METHOD /path") of every request being answered, longest first.
-    Open-ended log tails (`/logs/stream`) and WebSocket upgrades are not counted: they never
-    finish on their own."""
+    Open-ended log tails (`/logs/stream`), event streams (`/api/events`) and WebSocket
+    upgrades are not counted: they never finish on their own."""
     now = time.monotonic()
     return sorted(((now - t, what) for t, what in _in_flight.values()), reverse=True)
 
@@ -107,7 +108,7 @@ async def wait_idle() -> None:
 def _track(request: Any) -> None:
     path = request.path or b""
     upgrade = request.requestHeaders.getRawHeaders(b"upgrade") or []
-    if path.startswith(b"/logs/stream") or any(v.lower() == b"websocket" for v in upgrade):
+    if path.startswith(OPEN_ENDED) or any(v.lower() == b"websocket" for v in upgrade):
         return
     what = f"{request.method.decode('ascii', 'replace')} {path.decode('ascii', 'replace')}"
     _in_flight[request] = (time.monotonic(), what[:200])
