@@ -15,8 +15,8 @@ it, never for a queue of them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,24 +38,19 @@ class ConfigSource:
     def __str__(self) -> str:
         return str(self.path)
 
-    def files(self) -> list[Path]:
-        """What the import reads: the file, or the directory's YAML files in sorted order."""
-        if self.path.is_dir():
-            return sorted(p for p in self.path.iterdir()
-                          if p.suffix in (".yaml", ".yml") and p.is_file())
-        return [self.path]
-
     def fingerprint(self) -> str | None:
-        """A hash of the names and contents the import would read (None: unreadable now).
-        Content, not mtime: two saves within one mtime tick, or an editor that restores the
-        mtime, still count as a change."""
-        digest = hashlib.sha256()
+        """The import's own hash of what it would read (the names and contents of the files,
+        and the values of the `${env.X}` they use: scheduling/llamaswap/sources.py), or None
+        when unreadable now. Content, not mtime: two saves within one mtime tick, or an
+        editor that restores the mtime, still count as a change."""
+        from scheduling.llamaswap.sources import content_hash, yaml_files
+
         try:
-            for path in self.files():
-                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        except OSError:
+            files = yaml_files(self.path) if self.path.is_dir() else [self.path]
+            texts = [path.read_text(encoding="utf-8-sig") for path in files]
+        except (OSError, UnicodeDecodeError):
             return None
-        return digest.hexdigest()
+        return content_hash(files, texts, os.environ)
 
     def import_now(self, *, force: bool = False) -> ImportReport:
         """Import it (blocking ORM code). Raises ConfigError (nothing written) or OSError."""
