@@ -4,9 +4,10 @@ and llama-swap's `/api/events` `inflight` rows.
 The proxy consumer registers a request when the scheduler grants it and forgets it when it
 ends; everything runs on the server's event loop, so a plain dict is enough. An entry reads
 the consumer's live `RequestRecord` (bytes relayed so far, first byte) instead of copying it.
-Its request headers are kept redacted from the start, as a capture keeps them
-(`activity.captures.header_map`, llama-swap's list): a view of a request in flight may reach
-another client, never a credential.
+Its request headers are shown redacted, as a capture keeps them (`activity.captures.header_map`,
+llama-swap's list): a view of a request in flight may reach another client, never a
+credential. They are redacted when a view is made, not per request: nobody may be looking,
+and the proxy's CPU per request is a measured goal (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from activity.captures import header_map
@@ -32,16 +33,15 @@ class InFlight:
     rec: RequestRecord
     model: str
     cancel: Callable[[], None]  # ends the request on an operator's word
-    headers: dict[str, str] = field(default_factory=dict)  # redacted (`header_map`)
+    raw_headers: tuple = ()  # the ASGI scope's, as received; only `view` shows them, redacted
     remote_ip: str = ""  # the peer's address (the record's `client` becomes the key's name)
 
     @classmethod
     def of(cls, rec: RequestRecord, model: str, cancel: Callable[[], None],
            scope: dict[str, Any]) -> InFlight:
-        """An entry for the ASGI request `scope`: its headers redacted once, here."""
+        """An entry for the ASGI request `scope`."""
         client = scope.get("client") or ("", 0)
-        return cls(rec, model, cancel, header_map(list(scope.get("headers", ()))) or {},
-                   client[0] or "")
+        return cls(rec, model, cancel, tuple(scope.get("headers", ())), client[0] or "")
 
     def view(self, now: float) -> dict[str, Any]:
         """The dashboard's fields, then llama-swap's `InflightRequestEntry` ones (its
@@ -61,7 +61,7 @@ class InFlight:
             "timestamp": rfc3339(arrived_wall),
             "req_path": r.path,
             "method": r.method,
-            "req_headers": self.headers,
+            "req_headers": header_map(list(self.raw_headers)) or {},
             "remote_ip": self.remote_ip,
             "resp_headers": {},
             "resp_bytes": r.bytes_out,
