@@ -78,7 +78,8 @@ def test_errors_on_anthropic_paths_have_anthropics_shape(serve):
     start = free_port()
     proxy = serve(config(start))
     h = proxy.http
-    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+    for path in ("/v1/messages", "/v1/messages/count_tokens", "/v/messages",
+                 "/v/messages/count_tokens"):  # and llama-swap's versionless aliases
         # no key: refused on the request head by the edge, and by the consumer for no body
         assert "API key" in anthropic_error(h.post(path, json=message("solo")), 401,
                                             "authentication_error")

@@ -182,6 +182,17 @@ def _is_envelope(doc) -> bool:
             and (err["code"] is None or isinstance(err["code"], str)))
 
 
+# Anthropic's paths answer Anthropic's shape, which its SDK reads (docs.anthropic.com, "Errors").
+ANTHROPIC_PATHS = {"/v1/messages", "/v1/messages/count_tokens", "/v/messages",
+                   "/v/messages/count_tokens"}
+
+
+def _is_anthropic_envelope(doc) -> bool:
+    return (isinstance(doc, dict) and set(doc) == {"type", "error"} and doc["type"] == "error"
+            and isinstance(doc["error"], dict) and set(doc["error"]) == {"type", "message"}
+            and all(isinstance(v, str) for v in doc["error"].values()))
+
+
 # Django's own 400s (a malformed Host header, too many query fields, ...) come from
 # `handler400`, which the root urlconf must name; without it they are Django's HTML page.
 BROWSER_PAGES = ("/admin", "/accounts")  # and "/" itself: the dashboard, HTML by design
@@ -215,6 +226,9 @@ def check(resp: Response, *, relayed_ok: bool = False) -> None:
     doc = resp.json()
     if relayed_ok and isinstance(doc, dict) and "model" in doc:
         return  # the fake upstream's own error, relayed
+    if unquote(resp.path).split("?")[0] in ANTHROPIC_PATHS:
+        assert _is_anthropic_envelope(doc), where
+        return
     assert _is_envelope(doc), where
 
 

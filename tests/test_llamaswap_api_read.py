@@ -261,9 +261,12 @@ async def test_llamaswap_ui_paths_lead_to_the_dashboard(client, path):
     assert r.status_code == 302 and r["Location"] == "/"
 
 
-async def test_ui_redirect_only_reads(client):
-    r = await client.post("/ui/")
-    assert r.status_code == 405
+@pytest.mark.parametrize("path", ["/ui/", "/upstream"])
+async def test_ui_redirect_only_reads(path):
+    # With CSRF enforced, as for a real client: its refusal would be an HTML page.
+    r = await AsyncClient(enforce_csrf_checks=True).post(path)
+    assert r.status_code == 405 and r["Allow"] == "GET, HEAD"
+    assert r.json()["error"]["code"] == "method_not_allowed"
 
 
 # ---- through `serve`: /props, keys ---------------------------------------------------------------

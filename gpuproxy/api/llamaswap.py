@@ -30,13 +30,13 @@ from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Aggregate, Count, F, FloatField, Max, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Floor
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
-from django.views.decorators.http import require_safe
+from django.views.decorators.csrf import csrf_exempt
 
 from activity import captures
 from activity.admin import EstimatedCountPaginator
 from activity.models import RequestLog
 from gpuproxy.api.activity import BadParameter, bad_parameter, database_unavailable
-from gpuproxy.api.decorators import api_view
+from gpuproxy.api.decorators import api_view, json_error
 from gpuproxy.shell import runtime
 from gpuproxy.version import version_info
 
@@ -377,8 +377,11 @@ async def version(request: HttpRequest) -> HttpResponse:
     return JsonResponse(version_info())
 
 
-@require_safe
+@csrf_exempt  # a POST is refused below, as JSON; CSRF's own refusal is an HTML page
 def to_dashboard(request: HttpRequest, rest: str = "") -> HttpResponse:
     """llama-swap's UI paths (`/ui/…`, and `/upstream`, its model list) lead to our dashboard;
     a URL fragment such as `#/models` is kept by the browser and ignored there."""
+    if request.method not in ("GET", "HEAD"):
+        return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
+                          code="method_not_allowed", headers={"Allow": "GET, HEAD"})
     return HttpResponseRedirect("/")

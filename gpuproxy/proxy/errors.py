@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+# With llama-swap's versionless aliases (`/v/messages`, gpuproxy/proxy/inference.py VERSIONLESS).
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v/messages",
+                             "/v/messages/count_tokens"})
 
 # Anthropic's error types by HTTP status (docs.anthropic.com, "Errors"); any other 4xx is the
 # request's fault, any other 5xx ours.
