@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scheduling.importer import export_document, export_yaml, import_config, import_path
+from scheduling.exporter import export_document, export_yaml
+from scheduling.importer import import_config, import_path
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
 

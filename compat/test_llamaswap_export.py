@@ -20,7 +20,8 @@ import jsonschema
 import pytest
 import yaml
 
-from scheduling.importer import export_document, import_path
+from scheduling.exporter import export_document
+from scheduling.importer import import_path
 from tests.conftest import free_port
 from tests.helpers import until
 

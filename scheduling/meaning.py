@@ -52,7 +52,7 @@ def _get(data: Any, *path: str) -> Any:
 def capture(raw: Mapping[str, Any], parsed: ParsedConfig, plain: Mapping[str, Any],
             env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The meaning of one import: `raw` is the document as written (sources.raw_document),
-    `plain` the export of the database right after the import (importer._plain_export)."""
+    `plain` the export of the database right after the import (exporter.plain_export)."""
     env = os.environ if env is None else env
     meaning: dict[str, Any] = {}
     if isinstance(raw.get("macros"), dict) and raw["macros"]:

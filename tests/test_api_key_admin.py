@@ -15,7 +15,8 @@ from django.test import Client
 from django.urls import reverse
 
 from scheduling.catalog_db import build_catalog, fingerprint
-from scheduling.importer import export_config, import_config
+from scheduling.exporter import export_config
+from scheduling.importer import import_config
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from scheduling.importer import export_config, export_document, import_path
+from scheduling.exporter import export_config, export_document
+from scheduling.importer import import_path
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 
 pytestmark = pytest.mark.django_db

@@ -19,13 +19,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from scheduling.catalog_db import build_catalog
-from scheduling.importer import (
-    export_config,
-    export_yaml,
-    import_config,
-    import_path,
-    load_file,
-)
+from scheduling.exporter import export_config, export_yaml
+from scheduling.importer import import_config, import_path, load_file
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 from tests.llamaswap_fixture import FIXTURE_ENV, fixture_text

@@ -29,37 +29,24 @@ from typing import Any
 
 # Daphne installs Twisted's asyncio reactor on import; it must come before anything else
 # imports twisted.internet.reactor.
-import daphne.server  # isort:skip
+import daphne.server  # noqa: F401  # isort:skip
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpuproxy.management.config_watch import ConfigSource, Reimporter, on_sighup
+from gpuproxy.management.listening import (
+    ProxyServer,
+    endpoint_for,
+    parse_listen,
+    quiet_twisted_http,
+    tls_context,
+    use_tls,
+)
+from gpuproxy.management.stopping import Stopping
 from gpuproxy.proxy import edge
 from gpuproxy.shell.instance import AlreadyServing, InstanceLock
 
 logger = logging.getLogger("gpuproxy.serve")
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", value
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        number = int(port)
-    except ValueError:
-        raise CommandError(f"--listen {value!r}: the port must be a number, "
-                           "e.g. 127.0.0.1:8080") from None
-    if not 0 < number < 65536:
-        raise CommandError(f"--listen {value!r}: the port must be 1..65535")
-    return host, number
-
-
-def endpoint_for(host: str, port: int) -> str:
-    interface = host.replace(":", r"\:")
-    # Twisted's default listen backlog of 50 drops SYNs when a thousand clients connect at
-    # once (they retry after 1 s); the scheduler, not the kernel, decides who waits.
-    return f"tcp:port={port}:interface={interface}:backlog=1024"
 
 
 async def start(preload_models: list[str], reimporter: Reimporter | None = None,
@@ -107,253 +94,6 @@ async def linked(ready_fd: int | None) -> None:
     if ready_fd is not None:
         os.write(ready_fd, b"1")
         os.close(ready_fd)
-
-
-def quiet_twisted_http() -> None:
-    """Two things Twisted does per request that nobody here reads: it parses every
-    form-encoded or multipart body on the event loop (a 10 MiB upload blocked it for 241 ms;
-    the proxy relays bodies raw and Django parses its own forms), and it formats an access
-    log line. Off, for 40-70 µs a request (BENCHMARKS.md)."""
-    from daphne.http_protocol import HTTPFactory, WebRequest
-
-    if getattr(WebRequest, "_gpuproxy_quiet", False):
-        return
-    original = WebRequest.__init__
-
-    def init(self, *args, **kwargs) -> None:
-        original(self, *args, **kwargs)
-        self._parsePOSTFormSubmission = False
-
-    WebRequest.__init__ = init
-    WebRequest._gpuproxy_quiet = True
-    HTTPFactory.log = lambda self, request: None
-
-
-def tls_context(cert_file: str, key_file: str) -> Any:
-    """The TLS context for `-tls-cert-file`/`-tls-key-file`, loaded at start so that a bad
-    file stops the start with its name rather than failing every handshake. The certificate
-    file may hold the chain after the leaf, as llama-swap (Go's LoadX509KeyPair) reads it."""
-    from OpenSSL import SSL
-
-    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
-    ctx.set_min_proto_version(SSL.TLS1_2_VERSION)
-    ctx.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE)
-    try:
-        ctx.use_certificate_chain_file(cert_file)
-    except (OSError, SSL.Error) as exc:
-        raise CommandError(f"-tls-cert-file {cert_file}: not a readable PEM certificate "
-                           f"({_ssl_reason(exc)})") from None
-    try:
-        ctx.use_privatekey_file(key_file)
-        ctx.check_privatekey()
-    except (OSError, SSL.Error) as exc:
-        raise CommandError(f"-tls-key-file {key_file}: not a readable PEM private key for the "
-                           f"certificate in -tls-cert-file {cert_file} ({_ssl_reason(exc)})"
-                           ) from None
-    return ctx
-
-
-def _ssl_reason(exc: Exception) -> str:
-    """OpenSSL's errors are a list of (library, function, reason) tuples; the reasons say it."""
-    details = exc.args[0] if exc.args else None
-    if isinstance(details, list) and details and isinstance(details[0], tuple):
-        return "; ".join(str(item[-1]) for item in details)
-    return str(exc)
-
-
-class _TLSContextFactory:
-    """A loaded context as Twisted's old-style context factory (`getContext`)."""
-
-    def __init__(self, ctx: Any) -> None:
-        self._ctx = ctx
-
-    def getContext(self) -> Any:  # Twisted's name
-        return self._ctx
-
-
-class _TLSServerEndpoint:
-    """Another server endpoint with TLS in front of whatever listens on it: Twisted's `ssl:`
-    string cannot adopt an inherited socket, so the request processes of `--workers N` wrap
-    their factory themselves; one process uses the same path."""
-
-    def __init__(self, inner: Any, ctx: Any) -> None:
-        self._inner = inner
-        self._ctx = ctx
-
-    def listen(self, factory: Any) -> Any:
-        from twisted.protocols.tls import TLSMemoryBIOFactory
-
-        # A plain getContext() object is what Twisted's zope interface asks; mypy sees none.
-        contexts: Any = _TLSContextFactory(self._ctx)
-        return self._inner.listen(TLSMemoryBIOFactory(contexts, False, factory))
-
-
-# The TLS context of this process's `tls:` endpoints: Daphne takes its endpoints as strings only.
-_tls: list[Any] = []
-
-
-def _endpoint(reactor: Any, description: str) -> Any:
-    """Daphne's endpoint parser, plus `adopt:FILENO:FAMILY`: a listening socket inherited from
-    the supervisor (`--workers N`; Twisted has an endpoint for it but no string syntax, and
-    Daphne reads its endpoints only as strings), and `tls:` before either, for the context
-    serve loaded (`-tls-cert-file`)."""
-    import socket
-
-    from twisted.internet.endpoints import AdoptedStreamServerEndpoint, serverFromString
-
-    if description.startswith("tls:"):
-        return _TLSServerEndpoint(_endpoint(reactor, description[len("tls:"):]), _tls[-1])
-    if description.startswith("adopt:"):
-        _, fileno, family = description.split(":")
-        return AdoptedStreamServerEndpoint(reactor, int(fileno), getattr(socket, "AF_" + family))
-    return serverFromString(reactor, description)
-
-
-daphne.server.serverFromString = _endpoint  # type: ignore[attr-defined]
-
-
-class ProxyServer(daphne.server.Server):
-    """Daphne's server, keeping why it could not listen (Daphne logs it and stops, and the
-    process would exit 0)."""
-
-    listen_failure: str | None = None
-
-    def listen_error(self, failure: Any) -> None:
-        # CannotListenError's own message repeats the address; the OS error is the news.
-        self.listen_failure = str(getattr(failure.value, "socketError", None)
-                                  or failure.getErrorMessage())
-        super().listen_error(failure)
-
-
-def _described(requests: list[tuple[float, str]], most: int = 10) -> str:
-    text = ", ".join(f"{what} ({seconds:.0f} s)" for seconds, what in requests[:most])
-    return text + (f" and {len(requests) - most} more" if len(requests) > most else "")
-
-
-class Stopping:
-    """How `serve` ends: a drain on the first SIGTERM/SIGINT, at once on the second, at once
-    and with an error when the instance lock is lost (`fail`)."""
-
-    PROGRESS_EVERY = 5.0  # seconds between "still waiting for ..." lines
-
-    def __init__(self, grace: float, child: bool = False) -> None:
-        self.grace = grace
-        # A request process of `--workers N`: SIGTERM and SIGINT, however many, mean one
-        # drain; the supervisor's second signal arrives as SIGUSR2 (workers.CUT).
-        self.child = child
-        self.signals = 0
-        self.failure: str | None = None
-        self._cut: asyncio.Event | None = None
-        self._task: asyncio.Future | None = None
-
-    def install(self) -> None:
-        """Replace Twisted's handlers (they stop the reactor at once and ignore a second
-        signal). Called once the reactor runs."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
-        if self.child:
-            from gpuproxy.management.workers import CUT
-
-            signal.signal(CUT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        from twisted.internet import reactor
-
-        reactor.callFromThread(self._signalled, signal.Signals(signum).name)
-
-    def _signalled(self, name: str) -> None:
-        if self.child and self.signals and name != "SIGUSR2":
-            return  # the same stop, heard directly and from the supervisor
-        self.signals += 1
-        if self.signals == 1:
-            self._cut = asyncio.Event()
-            self._task = asyncio.ensure_future(self._drain(name))
-        elif self.signals == 2 and self._task is not None and not self._task.done():
-            left = edge.in_flight()
-            logger.warning("%s again (a second signal): ending the drain now; %d request(s) "
-                           "still in flight are cut: %s", name, len(left), _described(left))
-            assert self._cut is not None
-            self._cut.set()
-        else:
-            logger.warning("%s: already stopping the upstreams (each within its unloadTimeout, "
-                           "then SIGKILL)", name)
-
-    def fail(self, message: str) -> None:
-        """Stop now with an error (any thread): this instance must not go on."""
-        from twisted.internet import reactor
-
-        reactor.callFromThread(self._fail, message)
-
-    def _fail(self, message: str) -> None:
-        logger.error(message)
-        if self.failure is None:
-            self.failure = message
-        edge.start_draining()
-        self._stop_reactor()
-
-    async def _drain(self, name: str) -> None:
-        from gpuproxy.shell import runtime
-
-        edge.start_draining()
-        logger.info("%s: draining; new requests get 503 shutting_down, and so do queued ones",
-                    name)
-        try:
-            await runtime.drain()
-            left = edge.in_flight()
-            if not left:
-                logger.info("drained: no request in flight")
-            elif self.grace <= 0:
-                logger.warning("no grace period (GPUPROXY_SHUTDOWN_GRACE_SECONDS=0): cutting "
-                               "%d request(s) in flight: %s", len(left), _described(left))
-            else:
-                logger.info("waiting up to %g s for %d request(s) in flight to finish: %s "
-                            "(GPUPROXY_SHUTDOWN_GRACE_SECONDS; a second SIGTERM or SIGINT "
-                            "stops at once)", self.grace, len(left), _described(left))
-                await self._wait()
-        except Exception:
-            logger.exception("the drain failed; stopping now")
-        self._stop_reactor()
-
-    async def _wait(self) -> None:
-        assert self._cut is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace
-        idle = asyncio.ensure_future(edge.wait_idle())
-        cut = asyncio.ensure_future(self._cut.wait())
-        try:
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    left = edge.in_flight()
-                    logger.warning("the grace period of %g s is over: cutting %d request(s) "
-                                   "still in flight: %s", self.grace, len(left),
-                                   _described(left))
-                    return
-                done, _ = await asyncio.wait({idle, cut}, timeout=min(remaining,
-                                                                      self.PROGRESS_EVERY),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if idle in done:
-                    logger.info("drained: every request in flight has finished")
-                    return
-                if cut in done:
-                    return
-                left = edge.in_flight()
-                logger.info("still waiting (%.0f s left) for %d request(s): %s",
-                            deadline - loop.time(), len(left), _described(left))
-        finally:
-            idle.cancel()
-            cut.cancel()
-
-    @staticmethod
-    def _stop_reactor() -> None:
-        from twisted.internet import error
-        from twisted.internet import reactor as _reactor
-
-        reactor: Any = _reactor  # Twisted types the reactor as its interfaces, methods without self
-        try:
-            reactor.stop()
-        except error.ReactorNotRunning:
-            pass
 
 
 class _Version(argparse.Action):
@@ -612,7 +352,7 @@ class Command(BaseCommand):
         else:
             endpoints = [endpoint_for(host, port)]
         if tls is not None:
-            _tls.append(tls_context(*tls))
+            use_tls(tls_context(*tls))
             endpoints = [f"tls:{e}" for e in endpoints]
         edge.install(settings.GPUPROXY_MAX_BODY_BYTES, settings.GPUPROXY_HEADER_TIMEOUT,
                      at_start.api_keys, at_start.admin_keys)

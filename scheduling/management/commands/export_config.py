@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.importer import export_document
+from scheduling.exporter import export_document
 
 
 class Command(BaseCommand):
