@@ -56,15 +56,25 @@ def test_an_upstream_that_dies_mid_stream_ends_with_an_error_event(serve):
 
 def test_a_stream_that_goes_silent_is_cut_after_its_idle_timeout(serve):
     proxy = serve(config(free_port()))
+    silent = {"model": "silent", "stream": True, "max_tokens": 5, "messages": []}
+    # The first request waits for the model's load, so its 200 is out before the upstream
+    # goes silent: the cut is an error event, and no [DONE].
     started = time.monotonic()
-    r = proxy.http.post("/v1/chat/completions", headers={"X-Fake-Hold": "30"}, json={
-        "model": "silent", "stream": True, "max_tokens": 5, "messages": []})
-    took = time.monotonic() - started
-    assert took < 20, "the idle timeout did not cut the silent upstream"
+    r = proxy.http.post("/v1/chat/completions", headers={"X-Fake-Hold": "30"}, json=silent)
+    assert time.monotonic() - started < 20, "the idle timeout did not cut the silent upstream"
+    assert r.status_code == 200
+    data = events(r.text)
+    assert "[DONE]" not in data
+    assert json.loads(data[-1])["error"]["code"] == "upstream_timeout"
+    # The model loaded, a request is granted at once: the cut comes before any 200, as JSON.
+    started = time.monotonic()
+    r = proxy.http.post("/v1/chat/completions", headers={"X-Fake-Hold": "30"}, json=silent)
+    assert time.monotonic() - started < 20, "the idle timeout did not cut the silent upstream"
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_timeout"
-    row = record("silent")
-    assert row.outcome == "upstream_died" and "1 s" in row.error
+    rows = until("both activity rows", lambda: list(RequestLog.objects.filter(
+        model="silent")) if RequestLog.objects.filter(model="silent").count() == 2 else None)
+    assert all(row.outcome == "upstream_died" and "1 s" in row.error for row in rows)
     assert proxy.http.get("/api/queue").json()["in_flight"] == {}
 
 
