@@ -7,12 +7,16 @@ Django; scheduling/catalog_db.py builds it from the ORM.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling.core.config import ModelConfig, SchedulerConfig
-from scheduling.core.swapper import Group, GroupSwapper
+from scheduling.core.matrix import MatrixError, MatrixSwapper
+from scheduling.core.swapper import Group, GroupSwapper, Swapper
 from scheduling.spec import UpstreamSpec
+
+logger = logging.getLogger("scheduling.catalog")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,60 @@ class CatalogModel:
 
 
 @dataclass(frozen=True)
+class CatalogPeer:
+    """`peers.<id>`: where its models are forwarded, never scheduled."""
+
+    peer_id: str
+    proxy: str  # base URL; the request path is appended
+    api_key: str = ""  # injected as Bearer and x-api-key; "" sends none
+    models: tuple[str, ...] = ()
+    strip_params: tuple[str, ...] = ()
+    set_params: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, float] = field(default_factory=dict)  # llama-swap's names, seconds
+    priority_forward: str = "header"  # "header" | "vllm" | "service_tier" | "none"
+
+
+@dataclass(frozen=True)
+class CatalogSelector:
+    """`selectors.<id>`: a virtual name; `targets` as written, `resolved` as the scheduler
+    knows them (a local model id, or a peer's `<id>/<model>`)."""
+
+    selector_id: str
+    strategy: str  # "warm" | "pin" | "spillover"
+    targets: tuple[str, ...] = ()
+    resolved: tuple[str, ...] = ()
+    spillover: int = 1
+    name: str = ""
+    description: str = ""
+    unlisted: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CatalogProfile:
+    name: str
+    description: str = ""
+    pins: dict[str, str | None] = field(default_factory=dict)  # None or "" disables the name
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a requested model name means (`Catalog.route`), decided in one place.
+
+    kind: "model" (a local model id in `target`), "selector" (a selector id in `target`),
+    "peer" (`peer_id` and `peer_model`; `target` is `<peer_id>/<peer_model>`),
+    "disabled" (the active profile pins the name to nothing: 404), "unknown" (404).
+    """
+
+    kind: str
+    target: str
+    requested: str
+    pinned_by: str = ""  # the active profile whose pin rewrote the name
+    peer_id: str = ""
+    peer_model: str = ""
+
+
+@dataclass(frozen=True)
 class Catalog:
     models: dict[str, CatalogModel] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
@@ -57,6 +115,15 @@ class Catalog:
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
     queue_timeout: float = 0.0  # default queue deadline in seconds; 0 = none
     capture_buffer_mb: int = 0  # `captureBuffer`: memory for /api/captures; 0 = off
+    router: str = "group"  # `routing.router.use`: "group" | "matrix"
+    matrix_vars: dict[str, str] = field(default_factory=dict)
+    matrix_evict_costs: dict[str, int] = field(default_factory=dict)
+    matrix_sets: tuple[tuple[str, str], ...] = ()  # (name, DSL) in definition order
+    peers: dict[str, CatalogPeer] = field(default_factory=dict)
+    selectors: dict[str, CatalogSelector] = field(default_factory=dict)
+    profiles: dict[str, CatalogProfile] = field(default_factory=dict)
+    active_profile: str = ""  # "" = none
+    trusted_peer_keys: frozenset[str] = frozenset()  # sha256 of keys marked trusted peer
     fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:
@@ -65,7 +132,57 @@ class Catalog:
             return name
         return self.aliases.get(name)
 
-    def swapper(self) -> GroupSwapper:
+    def peer_model(self, name: str) -> tuple[str, str] | None:
+        """(peer id, its model) for `<peer>/<model>`, or for a bare name exactly one peer
+        serves (llama-swap's `ResolvePeerModel`: the qualified name first); else None. A
+        local id or alias shadowing a bare name is the caller's check (`route`)."""
+        found: set[tuple[str, str]] = set()
+        for pid, peer in self.peers.items():
+            for m in peer.models:
+                if f"{pid}/{m}" == name:
+                    found.add((pid, m))
+        if not found:
+            for pid, peer in self.peers.items():
+                if name in peer.models:
+                    found.add((pid, name))
+        return found.pop() if len(found) == 1 else None
+
+    def route(self, name: str, *, profiles: bool = True) -> Route:
+        """What `name` means, in llama-swap's order: the active profile's pin first (a pin
+        to nothing disables the name), then a selector, a local model id or alias, then a
+        peer's model (qualified, or bare when exactly one peer has it and nothing local
+        shadows it)."""
+        pinned_by = ""
+        if profiles and self.active_profile:
+            prof = self.profiles.get(self.active_profile)
+            if prof is not None and name in prof.pins:
+                pin = prof.pins[name]
+                if not pin:
+                    return Route("disabled", name, name, pinned_by=prof.name)
+                pinned_by, name = prof.name, pin
+        requested = name
+        if name in self.selectors:
+            return Route("selector", name, requested, pinned_by)
+        local = self.resolve(name)
+        if local is not None:
+            return Route("model", local, requested, pinned_by)
+        peer = self.peer_model(name)
+        if peer is not None:
+            return Route("peer", f"{peer[0]}/{peer[1]}", requested, pinned_by,
+                         peer_id=peer[0], peer_model=peer[1])
+        return Route("unknown", name, requested, pinned_by)
+
+    def swapper(self) -> Swapper:
+        """The router in force: groups, or the matrix's sets. A matrix that does not compile
+        (the admin and the importer refuse one, so this is a bug) runs every model alone,
+        as a target in no set does, and says so in the log."""
+        if self.router == "matrix":
+            try:
+                return MatrixSwapper.compile(self.matrix_sets, self.matrix_vars,
+                                             self.matrix_evict_costs, self.models)
+            except MatrixError as exc:
+                logger.error("the matrix does not compile (%s): every model runs alone", exc)
+                return MatrixSwapper.compile((), {}, {}, self.models)
         return GroupSwapper(self.groups, self.models)
 
     def scheduler_config(self) -> SchedulerConfig:

@@ -14,6 +14,7 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, resolve_parallel
 from scheduling.spec import UpstreamSpec, split_command
 
@@ -24,6 +25,7 @@ MAX_SWAP_AFFINITY_BONUS = 99
 MIN_PERFORMANCE_INTERVAL = 1.0
 DEFAULT_MAX_WAITING = 20_000
 _ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+__all__ = ["MatrixSet", "Peer", "Profile", "Selector"]  # defined in scheduling/routing_models.py
 
 
 class ModelGroup(models.Model):
@@ -327,6 +329,23 @@ class ProxySettings(models.Model):
         help_text="`queue.timeout` (gpuproxy): seconds a request may wait before it is "
                   "answered 503 queue_timeout, unless it sends its own "
                   "X-LlamaSwap-Queue-Timeout. 0 = wait as long as it takes.")
+    ROUTERS = [("group", "group (groups: swap, exclusive, persistent)"),
+               ("matrix", "matrix (sets of models that may run together)")]
+    router = models.CharField(
+        max_length=16, choices=ROUTERS, default="group",
+        help_text="`routing.router.use`: what decides which models stop before another "
+                  "loads: groups, or the matrix's sets.")
+    matrix_vars = models.JSONField(
+        default=dict, blank=True,
+        help_text='`routing.router.settings.matrix.vars`: short names for model ids in set '
+                  'expressions, e.g. {"g": "gemma-model"}.')
+    matrix_evict_costs = models.JSONField(
+        default=dict, blank=True,
+        help_text='`routing.router.settings.matrix.evict_costs`: the cost of stopping a model '
+                  '(a model id or var; 1 when absent), e.g. {"llama-70B": 30}.')
+    active_profile = models.CharField(
+        max_length=255, blank=True,
+        help_text="The profile whose pins apply (`PUT /api/profiles/active`); empty = none.")
     version = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
@@ -405,6 +424,12 @@ class ApiKey(models.Model):
                   "/api/activity), /logs, /upstream/… and see each model's command in "
                   "/running. Other keys get inference, /v1/models, /metrics and /running "
                   "without commands. (`admin: true` under apiKeyHashes in a config.)")
+    trusted_peer = models.BooleanField(
+        "trusted peer", default=False,
+        help_text="A gpuproxy or llama-swap that forwards to this one: its "
+                  "X-LlamaSwap-Priority is taken as already applied and its "
+                  "X-LlamaSwap-Arrived keeps the request's age. Other callers' arrival "
+                  "headers are ignored. (`peer: true` under apiKeyHashes in a config.)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -44,6 +45,7 @@ from gpuproxy.shell import runtime
 from gpuproxy.shell.run_loop import Waiting
 from gpuproxy.upstream import relay
 from gpuproxy.upstream.processes import State
+from scheduling.catalog import Route
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -338,21 +340,41 @@ class ProxyConsumer(UpstreamExchange):
         self.rec.model_requested = parsed.model
         self.rec.stream = parsed.stream
         catalog = self.rt.catalog
-        model_id = catalog.resolve(parsed.model)
-        meta = catalog.models.get(model_id) if model_id else None
+        route = catalog.route(parsed.model)
         priority = self.priority(parsed.json_body)
-        if meta is not None:
-            if catalog.capture_buffer_mb:  # the one check captures cost when they are off
-                self.begin_capture(catalog.capture_buffer_mb, upstream_path, body)
-            body = apply_filters(parsed, requested=parsed.model,
+        if route.kind == "disabled":
+            await self.send_error(ModelNotFound(
+                parsed.model, f"the active profile {route.pinned_by!r} disables it"))
+            return
+        if route.kind == "peer":
+            await self.forward_to_peer(route, parsed, upstream_path, body, priority)
+            return
+        known = route.kind in ("model", "selector")
+        if known and catalog.capture_buffer_mb:  # the one check captures cost when off
+            self.begin_capture(catalog.capture_buffer_mb, upstream_path, body)
+
+        def prepare(model_id: str) -> bytes:
+            """The body for `model_id` (a selector's target is known only at the grant):
+            its filters applied."""
+            meta = catalog.models.get(model_id)
+            if meta is None:
+                return body
+            return apply_filters(parsed, requested=route.requested,
                                  use_model_name=meta.use_model_name,
                                  strip_params=meta.strip_params, set_params=meta.set_params,
                                  set_params_by_id=meta.set_params_by_id,
                                  vllm_priority=priority if meta.vllm_priority else None)
+
+        meta = catalog.models.get(route.target) if route.kind == "model" else None
         waits_visibly = parsed.stream and upstream_path == "/v1/chat/completions"
-        await self.forward(model_id or parsed.model, upstream_path, body, priority,
-                           progress=waits_visibly,
+        await self.forward(route.target, upstream_path, body, priority,
+                           progress=waits_visibly, prepare=prepare if known else None,
                            loading_state=bool(meta and meta.send_loading_state))
+
+    async def forward_to_peer(self, route: Route, parsed: Any, upstream_path: str,
+                              body: bytes, priority: int) -> None:
+        """A peer's model: forwarded with the peer's key, never scheduled (issue 19)."""
+        await self.send_error(ModelNotFound(route.requested))
 
     def queue_deadline(self) -> float | None:
         """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
@@ -416,7 +438,8 @@ class ProxyConsumer(UpstreamExchange):
 
     async def forward(self, model: str, upstream_path: str,
                       body: bytes, priority: int | None = None, *, progress: bool = False,
-                      loading_state: bool = False, retry: bool = True) -> None:
+                      loading_state: bool = False, retry: bool = True,
+                      prepare: Callable[[str], bytes] | None = None) -> None:
         """Wait for the grant, then relay the upstream's answer as it arrives.
 
         With `progress` (a streaming chat request), a request the scheduler makes wait gets
@@ -427,12 +450,15 @@ class ProxyConsumer(UpstreamExchange):
 
         `retry`: whether a request written on a reused connection that the upstream closed
         unread may be sent once more (`relay.may_retry`): inference paths only, since a
-        passthrough request may be anything."""
+        passthrough request may be anything.
+
+        `prepare(granted model)` gives the body to send (filters), once the grant says which
+        model serves it: a selector's target is chosen by the scheduler."""
         if priority is None:
             priority = self.priority(None)
         rec = self.rec
         rec.priority = priority
-        rec.model = model if model in self.rt.catalog.models else ""
+        rec.model = model if model in self.rt.catalog.models else ""  # a selector's: at grant
         rec.scheduler = self.rt.catalog.scheduler
         reporter: asyncio.Task | None = None
 
@@ -465,10 +491,12 @@ class ProxyConsumer(UpstreamExchange):
                 return
             rec.dispatched = time.monotonic()
             rec.dispatch = grant.dispatch
+            rec.model = grant.model
+            sent = prepare(grant.model) if prepare is not None else body
             rec.swap_s = grant.swap_wait
             inflight.add(inflight.InFlight.of(rec, grant.model, self.cancel_by_admin, self.scope))
             try:
-                again = await self.relay(grant.model, upstream_path, body, retry=retry,
+                again = await self.relay(grant.model, upstream_path, sent, retry=retry,
                                          requeue=retry and attempt < WAITS)
             finally:
                 grant.release()

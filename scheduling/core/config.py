@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduling.core.swapper import GroupSwapper
+from scheduling.core.swapper import GroupSwapper, Swapper
 
 DEFAULT_CONCURRENCY_LIMIT = 10  # llama-swap's, for an unset concurrencyLimit under fifo
 
@@ -24,7 +24,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     models: dict[str, ModelConfig] = field(default_factory=dict)
-    swapper: GroupSwapper = field(default_factory=lambda: GroupSwapper([], []))
+    swapper: Swapper = field(default_factory=lambda: GroupSwapper([], []))
     scheduler: str = "fifo"  # "fifo" | "serial"
     aging_divisor: float = 60.0  # serial: seconds of waiting per point of score
     swap_affinity_bonus: int = 10  # serial: bonus for the loaded model, 0..99

@@ -25,8 +25,9 @@ class ModelNotFound(SchedulingError):
     code = "model_not_found"
     type = "invalid_request_error"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"model {model!r} is not defined; GET /v1/models lists the models and "
+    def __init__(self, model: str, why: str = "") -> None:
+        super().__init__(f"model {model!r} is not served: {why}" if why else
+                         f"model {model!r} is not defined; GET /v1/models lists the models and "
                          "aliases this proxy serves")
         self.model = model
 

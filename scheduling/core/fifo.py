@@ -152,8 +152,9 @@ class Fifo(Ledger):
             return False
         # (8)
         self._active[model] = Swap(model, list(evict), [req])
-        logger.info("swap to %r: evicting %s (first waiter seq=%d)", model,
-                    ", ".join(repr(m) for m in evict) or "nothing", req.seq)
+        logger.info("swap to %r: evicting %s (first waiter seq=%d; %s)", model,
+                    ", ".join(repr(m) for m in evict) or "nothing", req.seq,
+                    self._config.swapper.explain(model, running))
         self._fx.start_swap(model, list(evict))
         return True
 

@@ -249,8 +249,9 @@ class Serial(ScoreQueue):
             self._active[m] = Swap(m, list(evict), self._take_all(m))
             affine.add(m)
             affine.difference_update(evict)
-            logger.info("swap to %r: evicting %s (first waiter seq=%d)", m,
-                        ", ".join(repr(x) for x in evict) or "nothing", req.seq)
+            logger.info("swap to %r: evicting %s (first waiter seq=%d; %s)", m,
+                        ", ".join(repr(x) for x in evict) or "nothing", req.seq,
+                        swapper.explain(m, running))
             self._fx.start_swap(m, list(evict))
 
     def _swap_succeeded(self, swap: Swap) -> None:
@@ -276,16 +277,20 @@ class Serial(ScoreQueue):
     def _conflicts(self, target: str, evict: list[str], claims: list[tuple[str, list[str]]],
                    running: list[str]) -> bool:
         """Whether a swap to `target` stopping `evict` would delay a higher blocked request
-        with claim (h, E): it stops h, overlaps E, or loads a model h must then evict."""
+        with claim (h, E): it stops h, overlaps E, loads a model h must then evict, or
+        (under a matrix) makes h's own load stop more than E."""
         stops = set(evict)
         for h, eh in claims:
             if h == target:
                 continue
             if h in stops or not stops.isdisjoint(eh):
                 return True
-            if (h in self._config.models
-                    and target in self._config.swapper.eviction_for(h, [*running, target])):
-                return True
+            if h in self._config.models:
+                after = self._config.swapper.eviction_for(h, [*running, target])
+                # Under groups `after` is at most E plus the target; under a matrix, the
+                # target's load may also change which set h's load would keep.
+                if target in after or not set(after) <= set(eh):
+                    return True
         return False
 
     def _parallel(self, model: str) -> int:

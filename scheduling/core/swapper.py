@@ -14,8 +14,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 DEFAULT_GROUP = "(default)"
+
+
+class Swapper(Protocol):
+    """What the schedulers ask of a router: `GroupSwapper` here, `MatrixSwapper`
+    (scheduling/core/matrix.py). Pure, and the same answer for the same input."""
+
+    def eviction_for(self, target: str, running: Iterable[str]) -> list[str]:
+        """The running models that must stop before `target` loads, sorted."""
+        ...
+
+    def explain(self, target: str, running: Iterable[str]) -> str:
+        """Why, in words, for the one log line per swap."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -58,3 +72,6 @@ class GroupSwapper:
             elif tg.exclusive and not og.persistent:
                 evict.append(other)
         return sorted(set(evict))
+
+    def explain(self, target: str, running: Iterable[str]) -> str:
+        return f"group {self._group_of[target].group_id!r}"
