@@ -56,6 +56,9 @@ class StubSwapper:
     def eviction_for(self, target: str, running: Iterable[str]) -> list[str]:
         return sorted(self.evict.get(target, []))
 
+    def explain(self, target: str, running: Iterable[str]) -> str:
+        return "stub"
+
 
 def make_config(models: Iterable[str] | Mapping[str, ModelConfig], groups: Iterable[Group] = (),
                 swapper: object = None) -> SchedulerConfig:
