@@ -119,3 +119,104 @@ def test_shipped_traces_are_what_the_generator_writes(tmp_path):
     for name in sim.SHIPPED:
         shipped = (ROOT / "bench" / "traces" / f"{name}.csv").read_text()
         assert (tmp_path / f"{name}.csv").read_text() == shipped, name
+
+
+# ---- a matrix box (issue 19) ----------------------------------------------------------------
+
+FIFO = sim.Policy("fifo", "fifo")
+
+
+def test_matrix_swaps_and_evictions_by_hand():
+    """Sets `ae: A & E` and `b: B`, every load 10 s, service 1 s. By hand: A and E arrive at 0
+    and share a set, so both load at once (0-10) and serve 10-11. B (t=5) is in no set with
+    them: its swap evicts both once they are idle (11-21). E at 30 evicts B; A at 40 joins E
+    in `ae`, evicting nothing. Five swaps under either real scheduler; under a one-at-a-time
+    group every model change would evict, and E would wait for A's load."""
+    box = sim.Box(sets=(("ae", "A & E"), ("b", "B")), vars={}, evict_costs={}, load={},
+                  parallel={})
+    trace = rows((0.0, "A", 0, 1.0), (0.0, "E", 0, 1.0), (5.0, "B", 0, 1.0),
+                 (30.0, "E", 0, 1.0), (40.0, "A", 0, 1.0))
+    for policy in (SERIAL, FIFO):
+        run = sim.simulate(trace, policy, swap_cost=10.0, box=box)
+        assert run.swaps == 5, policy.name
+        assert run.swap_log == ((0.0, "A", ()), (0.0, "E", ()), (11.0, "B", ("A", "E")),
+                                (30.0, "E", ("B",)), (40.0, "A", ())), policy.name
+        assert [j.started for j in run.jobs] == [10.0, 10.0, 21.0, 40.0, 50.0], policy.name
+    grouped = sim.simulate(trace, SERIAL, swap_cost=10.0)
+    assert all(evicted for _, _, evicted in grouped.swap_log[1:])
+
+
+def test_a_box_files_load_time_and_costs_are_used():
+    """The box file's own load times: a 60 s model's first request starts at 60, a 5 s one
+    beside it at 5 (they share a set, so the loads overlap)."""
+    box = sim.load_box(ROOT / "bench" / "traces" / "gpu8.yaml")
+    trace = rows((0.0, "llama-70b", 100, 1.0), (0.0, "embed", -100, 1.0))
+    run = sim.simulate(trace, SERIAL, box=box)
+    assert [j.started for j in run.jobs] == [60.0, 5.0]
+    assert box.evict_costs == {"L": 30, "Q": 30, "v": 10}
+
+
+# The gpu8 box by hand (gpu8.yaml's comments): GPUs each model needs, and the largest
+# combinations its four sets allow (each set's expansion, written out).
+GPUS = {"llama-70b": 4, "qwen-72b": 4, "chat-a": 1, "chat-b": 1, "chat-c": 1, "vision": 2,
+        "embed": 0}
+ALLOWED = [frozenset(s.split()) for s in (
+    "llama-70b qwen-72b embed",
+    *(f"{big} {pair} vision embed" for big in ("llama-70b", "qwen-72b")
+      for pair in ("chat-a chat-b", "chat-a chat-c", "chat-b chat-c")),
+    "llama-70b chat-a chat-b chat-c embed", "qwen-72b chat-a chat-b chat-c embed",
+    "chat-a chat-b chat-c vision embed")]
+
+
+@pytest.fixture(scope="module")
+def gpu8_runs():
+    trace = sim.load_trace(ROOT / "bench" / "traces" / "gpu8.csv")
+    box = sim.load_box(ROOT / "bench" / "traces" / "gpu8.yaml")
+    return trace, {p.name: sim.simulate(trace, p, box=box) for p in (SERIAL, FIFO)}
+
+
+def test_gpu8_never_runs_what_the_box_cannot_hold(gpu8_runs):
+    """After every swap, what runs (loading included) fits one of the matrix's combinations
+    and at most 8 GPUs, under both schedulers."""
+    _, runs = gpu8_runs
+    for name, run in runs.items():
+        running: set[str] = set()
+        for when, target, evicted in run.swap_log:
+            running = (running - set(evicted)) | {target}
+            assert any(running <= combo for combo in ALLOWED), (name, when, sorted(running))
+            assert sum(GPUS[m] for m in running) <= 8, (name, when, sorted(running))
+
+
+def test_gpu8_embedding_model_is_never_evicted(gpu8_runs):
+    """embed is in every set: no chat, vision or 70B load ever stops it, so it loads once, at
+    its first request, and beside whatever runs no batch embedding waits longer than that
+    load (5 s), though the batch band is last in line for everything else."""
+    trace, runs = gpu8_runs
+    first = min(r.arrival for r in trace if r.model == "embed")
+    for name, run in runs.items():
+        assert [e for _, _, e in run.swap_log if "embed" in e] == [], name
+        assert [w for w, t, _ in run.swap_log if t == "embed"] == [first], name
+        waits = [j.started - j.row.arrival for j in run.jobs if j.row.model == "embed"]
+        assert max(waits) == pytest.approx(5.0), name
+
+
+def test_gpu8_serial_keeps_people_waiting_less_than_fifo(gpu8_runs):
+    """The batch job to qwen-72b queues in its upstream under fifo, so a chat model that
+    needs its GPUs waits for the whole job; serial lets the interactive band go first: its
+    interactive p95 is below fifo's, by more than a 70B's load (60 s)."""
+    trace, runs = gpu8_runs
+    p95 = {n: sim.percentile(r.waits("interactive"), 95) for n, r in runs.items()}
+    assert p95["serial"] + 60 < p95["fifo"], p95
+    assert all(j.done is not None for r in runs.values() for j in r.jobs)
+    assert len(trace) == len(runs["serial"].jobs) == 1740
+
+
+def test_a_box_file_with_a_mistake_names_it(tmp_path):
+    """A set naming a model that is not in the trace or the box stops the run, naming it."""
+    box = tmp_path / "box.yaml"
+    box.write_text("matrix:\n  sets:\n    s1: 'A & nosuch'\n")
+    with pytest.raises(SystemExit, match="nosuch"):
+        sim.simulate(rows((0.0, "A", 0, 1.0)), SERIAL, box=sim.load_box(box))
+    box.write_text("matrix: {}\n")
+    with pytest.raises(SystemExit, match=r"matrix\.sets"):
+        sim.load_box(box)
