@@ -22,6 +22,16 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class SelectorConfig:
+    """`selectors.<id>`: a name whose target the scheduler chooses when it dispatches
+    (scheduling/core/selectors.py)."""
+
+    strategy: str  # "warm" | "pin" | "spillover"
+    targets: tuple[str, ...]  # resolved, in order: local model ids or `<peer>/<model>`
+    spillover: int = 1  # spillover: reserved requests per active target before the next
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     models: dict[str, ModelConfig] = field(default_factory=dict)
     swapper: Swapper = field(default_factory=lambda: GroupSwapper([], []))
@@ -31,3 +41,6 @@ class SchedulerConfig:
     # Caps on requests admitted and not yet dispatched; 0 or absent = no cap.
     max_waiting: int = 0
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
+    selectors: dict[str, SelectorConfig] = field(default_factory=dict)
+    # Peers' models (`<peer>/<model>`) a selector may bind to: granted at once, never swapped.
+    peer_models: frozenset[str] = frozenset()

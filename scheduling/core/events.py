@@ -35,11 +35,14 @@ class Request:
     """
 
     seq: int  # arrival order, unique and increasing; ties in priority go to the smaller seq
-    model: str  # resolved model id, or the unknown name as requested (the core answers 404)
+    # resolved model id, a selector id until the core binds it to a target (then the
+    # target), or the unknown name as requested (the core answers 404)
+    model: str
     arrived: float  # `now` of its RequestArrived
     priority: int = 0  # the request's own priority (X-LlamaSwap-Priority); 0 when absent
     handle: Any = field(default=None, repr=False)
     dispatch: Dispatch | None = None  # set by the scheduler when it grants the request
+    selector: str = ""  # the selector id it asked for, once bound to a target (`model`)
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ class Fifo(Ledger):
         self._note_config_change(self._config.models, ev.config.models)
         self._config = ev.config
         models = ev.config.models
-        for req in [r for r in self._queue if r.model not in models]:
+        for req in [r for r in self._queue if not self._defined(r.model)]:
             self._queue.remove(req)
             self._fail(req, ModelNotFound(req.model))
         for swap in self._active.values():
@@ -128,7 +128,29 @@ class Fifo(Ledger):
     # ---- decisions ------------------------------------------------------------------------
 
     def _place(self, req: Request) -> bool:
-        """Steps 3-8 of `on_request` for an admitted request; False means "queue it"."""
+        """Steps 3-8 of `on_request` for an admitted request; False means "queue it".
+
+        A selector request not yet bound is placed as a request for the target its strategy
+        picks now (scheduling/core/selectors.py), a peer's model granted at once; if that
+        cannot go, it goes back to the queue unbound, to be decided again at the next drain.
+        """
+        if self._unbound(req) is None:
+            return self._place_model(req)
+        target, turned = self._pick(req.model)
+        if target is None:  # every target is being stopped
+            return False
+        selector_id = req.model
+        self._bind(req, target)
+        if target in self._config.peer_models:
+            self._grant(req, target)
+        elif not self._place_model(req):
+            self._unbind(req)
+            return False
+        if turned:
+            self._turns[selector_id] = self._turns.get(selector_id, 0) + 1
+        return True
+
+    def _place_model(self, req: Request) -> bool:
         model = req.model
         unloading = self._held(model)
         # (3)

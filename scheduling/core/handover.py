@@ -35,7 +35,8 @@ class Swap:
 @dataclass
 class SchedulerState:
     """Everything a scheduler holds. Every admitted request is in exactly one of `queued`,
-    a swap's `waiters` or `serving`; each of them holds one admission slot of its model."""
+    a swap's `waiters` or `serving`; each of them holds one admission slot of its model (a
+    selector request not yet bound to a target: of its selector, and it stays unbound)."""
 
     queued: list[Request] = field(default_factory=list)  # admitted, not granted, in any order
     swaps: list[Swap] = field(default_factory=list)
@@ -47,6 +48,7 @@ class SchedulerState:
     positions: dict[Request, int] = field(default_factory=dict)  # last position reported
     pending_stop: dict[str, str] = field(default_factory=dict)  # model → "restart" | "removed"
     models: dict[str, ModelConfig] = field(default_factory=dict)  # the exporter's config
+    turns: dict[str, int] = field(default_factory=dict)  # selector -> spillover's round robin
 
     def holders(self) -> list[Request]:
         """Every request holding a slot; raises HandoverError if one appears twice."""

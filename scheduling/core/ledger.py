@@ -35,6 +35,7 @@ from scheduling.core.events import (
 )
 from scheduling.core.handover import SchedulerState, Swap
 from scheduling.core.priority import band
+from scheduling.core.selectors import SelectorBooks
 from scheduling.core.stats import SchedulerStats, WaitGauges
 
 
@@ -58,7 +59,7 @@ def limit_of(mc: ModelConfig, scheduler: str) -> int | None:
     return DEFAULT_CONCURRENCY_LIMIT if scheduler == "fifo" else None
 
 
-class Ledger:
+class Ledger(SelectorBooks):
     """The base of every policy: the shared books (set up by `__init__`), the shared event
     handlers, and the hooks each policy implements for its own queue."""
 
@@ -100,6 +101,7 @@ class Ledger:
         self._pending_stop = {}
         self._waits = WaitGauges()
         self._exited = set()
+        self._turns = {}
 
     @property
     def config(self) -> SchedulerConfig:
@@ -310,16 +312,20 @@ class Ledger:
         reserve a slot and return True."""
         if req in self._holders or req in self._serving:
             raise InvariantViolation(f"request seq={req.seq} arrived twice")
-        mc = self._config.models.get(req.model)
-        if mc is None:
+        if not self._defined(req.model):
             self._fx.grant_error(req, ModelNotFound(req.model))
             return False
         if self._shut_down:
             self._fx.grant_error(req, ShuttingDown())
             return False
-        limit = limit_of(mc, self._config.scheduler)
-        if limit is not None and self.reserved(req.model) >= limit:
-            self._fx.grant_error(req, ConcurrencyLimit(req.model, limit))
+        # A selector has no cap of its own: the target it would pick now applies its cap to
+        # it and the selector's requests not yet bound, as llama-swap resolves it first.
+        capped = req.model if req.model in self._config.models else self._pick(req.model)[0]
+        mc = self._config.models.get(capped or "")
+        limit = limit_of(mc, self._config.scheduler) if mc is not None else None
+        unbound = self.reserved(req.model) if capped != req.model else 0
+        if limit is not None and self.reserved(capped or "") + unbound >= limit:
+            self._fx.grant_error(req, ConcurrencyLimit(capped or "", limit))
             return False
         cap = self._config.max_waiting
         if cap > 0 and self._waits.total() >= cap:
@@ -417,6 +423,7 @@ class Ledger:
             positions=dict(self._positions),
             pending_stop=dict(self._pending_stop),
             models=dict(self._config.models),
+            turns=dict(self._turns),
         )
         self._active, self._serving, self._in_flight = {}, {}, {}
         self._holders, self._reserved, self._unloading, self._positions = set(), {}, {}, {}
@@ -442,6 +449,7 @@ class Ledger:
         self._stats = state.stats.copy()
         self._positions = dict(state.positions)
         self._pending_stop = dict(state.pending_stop)
+        self._turns = dict(state.turns)
         self._note_config_change(state.models, self._config.models)
 
     def _deliver(self, req: Request, model: str) -> None:

@@ -134,7 +134,7 @@ class Serial(ScoreQueue):
         self._div = aging_divisor_of(ev.config)
         self._bonus = affinity_bonus_of(ev.config)
         models = ev.config.models
-        for r in [r for r in self._live if r.model not in models]:
+        for r in [r for r in self._live if not self._defined(r.model)]:
             self._forget(r)
             self._fail(r, ModelNotFound(r.model))
         for swap in self._active.values():
@@ -218,41 +218,65 @@ class Serial(ScoreQueue):
                     no_feed.update(later)
                 continue
             assert req is not None
-            loading_m = self._active.get(m)
-            if loading_m is not None and not self._held(m):
-                loading_m.waiters.extend(self._take_all(m))
+            # `m` is the queue the head came from, `t` the model it needs: the same, but for
+            # a selector's head, handled as a head of the target its strategy picks now and
+            # bound to it only when it goes (else it stays unbound, for the next walk).
+            t, turned = self._pick(m) if self._unbound(req) is not None else (m, False)
+            if t is None:  # every target is being stopped
+                blocked.add(m)
+                continue
+            if t in self._config.peer_models:  # a peer: granted at once, never swapped
+                self._count_pick(req, blocked, affine)
+                self._take_head(m, req, t, turned)
+                self._grant(req, t, affine)
+                self._affine_selectors(affine)
+                continue
+            loading_m = self._active.get(t)
+            if loading_m is not None and not self._held(t):
+                if t == m:
+                    loading_m.waiters.extend(self._take_all(m))
+                else:
+                    loading_m.waiters.append(self._take_head(m, req, t, turned))
+                    self._affine_selectors(affine)
                 loading_m.best = None
                 continue
-            evict = swapper.eviction_for(m, running)
-            if self._held(m):
-                blocked.add(m)
-                claims.append((m, evict))
+            evict = swapper.eviction_for(t, running)
+            if self._held(t):
+                blocked.update((m, t))
+                claims.append((t, evict))
                 no_feed.update(evict)
                 continue
-            if (not evict and not self._being_evicted(m) and m not in self._exited
-                    and self._fx.model_state(m) == READY):
-                if m in no_feed or self.in_flight(m) >= self._parallel(m):
-                    blocked.add(m)
-                    claims.append((m, []))
+            if (not evict and not self._being_evicted(t) and t not in self._exited
+                    and self._fx.model_state(t) == READY):
+                if t in no_feed or self.in_flight(t) >= self._parallel(t):
+                    blocked.update((m, t))
+                    claims.append((t, []))
                     continue
                 self._count_pick(req, blocked, affine)
-                self._pop_head(m)
-                self._grant(req, m, affine)
+                self._take_head(m, req, t, turned)
+                self._grant(req, t, affine)
+                self._affine_selectors(affine)
                 continue
-            if (self._collides(m, evict) or self._busy(evict)
-                    or self._conflicts(m, evict, claims, running)):
-                blocked.add(m)
-                claims.append((m, evict))
+            if (self._collides(t, evict) or self._busy(evict)
+                    or self._conflicts(t, evict, claims, running)):
+                blocked.update((m, t))
+                claims.append((t, evict))
                 no_feed.update(evict)
                 continue
             self._count_pick(req, blocked, affine)
-            self._active[m] = Swap(m, list(evict), self._take_all(m))
-            affine.add(m)
+            if t == m:
+                waiters = self._take_all(m)
+            else:
+                waiters = [self._take_head(m, req, t, turned)]
+                waiters.extend(self._take_all(t) if t in self._heaps else [])
+            self._active[t] = Swap(t, list(evict), waiters)
+            affine.add(t)
             affine.difference_update(evict)
-            logger.info("swap to %r: evicting %s (first waiter seq=%d; %s)", m,
+            self._affine_selectors(affine)
+            logger.info("swap to %r: evicting %s (first waiter seq=%d; %s)", t,
                         ", ".join(repr(x) for x in evict) or "nothing", req.seq,
-                        swapper.explain(m, running))
-            self._fx.start_swap(m, list(evict))
+                        swapper.explain(t, running))
+            self._fx.start_swap(t, list(evict))
 
     def _swap_succeeded(self, swap: Swap) -> None:
         """The waiters go back into the model's heap; the walk that follows grants them in
@@ -267,6 +291,14 @@ class Serial(ScoreQueue):
         self._active[model] = Swap(model, [model], waiters)
         logger.info("restarting %r (its definition changed or a restart was asked)", model)
         self._fx.start_swap(model, [model])
+
+    def _take_head(self, m: str, req: Request, target: str, turned: bool) -> Request:
+        """Take `req`, the head of queue `m`, out of the queue, bound to `target` when `m`
+        is its selector."""
+        self._pop_head(m)
+        if target != m:
+            self._bind(req, target, turned)
+        return req
 
     def _swap_best(self, swap: Swap) -> tuple[float, int]:
         """The best (key, seq) among a swap's waiters (cached until they change)."""
@@ -309,6 +341,8 @@ class Serial(ScoreQueue):
             if (m not in out and not self._held(m) and m not in evicting
                     and m not in self._exited and self._fx.model_state(m) == READY):
                 out.add(m)
+        if self._config.selectors:
+            self._affine_selectors(out)
         return out
 
     def _count_pick(self, winner: Request, blocked: set[str], affine: set[str]) -> None:
