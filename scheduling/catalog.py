@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.core.config import ModelConfig, SchedulerConfig
+from scheduling.core.config import ModelConfig, SchedulerConfig, SelectorConfig
 from scheduling.core.matrix import MatrixError, MatrixSwapper
 from scheduling.core.swapper import Group, GroupSwapper, Swapper
 from scheduling.spec import UpstreamSpec
@@ -196,4 +196,21 @@ class Catalog:
             swap_affinity_bonus=self.swap_affinity_bonus,
             max_waiting=self.max_waiting,
             max_waiting_per_band=dict(self.max_waiting_per_band),
+            selectors={sid: SelectorConfig(sel.strategy, self._targets(sel), sel.spillover)
+                       for sid, sel in self.selectors.items()},
+            peer_models=frozenset(f"{pid}/{m}" for pid, peer in self.peers.items()
+                                  for m in peer.models),
         )
+
+    def _targets(self, sel: CatalogSelector) -> tuple[str, ...]:
+        """A selector's targets as the scheduler knows them: `resolved` when the builder
+        filled it, else each written target resolved here (a local id or alias, else a
+        peer's `<id>/<model>`); one that resolves to nothing is kept, and the core never
+        picks it while it is not defined."""
+        if sel.resolved:
+            return sel.resolved
+        out = []
+        for t in sel.targets:
+            peer = self.peer_model(t)
+            out.append(self.resolve(t) or (f"{peer[0]}/{peer[1]}" if peer else t))
+        return tuple(out)
