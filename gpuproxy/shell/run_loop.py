@@ -379,7 +379,9 @@ class RunLoop:
         if load is not None and load[1] > req.arrived:  # it waited (partly) for this load
             waiting.swap_wait = load[1] - max(load[0], req.arrived)
         waiting.future.set_result(model)
-        self.upstreams.process(model).serving(True)
+        proc = self.upstreams.existing(model)  # None for a peer's model a selector chose
+        if proc is not None:
+            proc.serving(True)
         if req.dispatch is not None:
             metrics.observe_dispatch(req.dispatch.band, req.dispatch.queue_wait)
         return True
