@@ -23,6 +23,11 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from scheduling import live as control
+from scheduling.admin_routing import (  # the routing pages register themselves on import
+    ROUTING_FIELDSET,
+    ManagedBanner,
+    ProxySettingsForm,
+)
 from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 
@@ -106,33 +111,6 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
             logger.error("admin: %s failed: %s", what, _failure(exc))
 
     return done
-
-
-def managed_by(kind: str, name: str | None) -> str | None:
-    """The config file that defines this row, if the last import's did: the admin says so,
-    since the next import of a changed file puts the file's values back (`kind` is a key of
-    ConfigImport.managed; `name` None for the settings, which every file defines)."""
-    last = ConfigImport.last()
-    if last is None:
-        return None
-    if name is not None and name not in last.managed.get(kind, []):
-        return None
-    return last.source_path
-
-
-class ManagedBanner(admin.ModelAdmin):
-    """Adds `managed_by` to the change page (templates/admin/scheduling/managed_banner.html)."""
-
-    managed_kind = ""
-
-    def managed_name(self, obj) -> str | None:
-        return None
-
-    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
-                           form_url="", obj=None):
-        if obj is not None and obj.pk is not None:
-            context["managed_by"] = managed_by(self.managed_kind, self.managed_name(obj))
-        return super().render_change_form(request, context, add, change, form_url, obj)
 
 
 @admin.register(ModelDefinition)
@@ -301,6 +279,7 @@ class ProxySettingsAdmin(ManagedBanner):
     here and kept current as the admin types by scheduling/guarantees.js.
     """
 
+    form = ProxySettingsForm
     readonly_fields = ("version",)
     fieldsets = (
         ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus")}),
@@ -315,6 +294,7 @@ class ProxySettingsAdmin(ManagedBanner):
                                   "explicit concurrencyLimit still applies (429 "
                                   "concurrency_limit), and fifo keeps llama-swap's 10 per "
                                   "model."}),
+        ROUTING_FIELDSET,
         ("Listing", {"fields": ("include_aliases_in_list",)}),
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),
@@ -352,11 +332,11 @@ class ApiKeyAdmin(ManagedBanner):
     """The key is generated on creation, shown once in a message, and stored hashed: no page
     can show it again, because nothing but its SHA-256 and first characters is kept."""
 
-    list_display = ("name", "prefix", "admin", "created_at")
-    list_filter = ("admin",)
+    list_display = ("name", "prefix", "admin", "trusted_peer", "created_at")
+    list_filter = ("admin", "trusted_peer")
     search_fields = ("name", "prefix")
     readonly_fields = ("prefix", "created_at")
-    fields = ("name", "admin", "prefix", "created_at")
+    fields = ("name", "admin", "trusted_peer", "prefix", "created_at")
     managed_kind = "api_keys"
 
     def managed_name(self, obj: ApiKey) -> str | None:

@@ -1,0 +1,437 @@
+"""Admin for llama-swap's routing beyond groups: matrix sets, peers, selectors, profiles, and the
+routing fields of the settings page; the "Managed by FILE" banner every change page shares.
+
+A matrix set is checked as it is typed: the change page's script (scheduling/matrix_check.js)
+posts the expression to `check_view`, which compiles the whole matrix with it (the other sets,
+the vars, the enabled models, as the running proxy will) and answers the error or the
+combinations the set allows; the form's `clean()` runs the same check, so what the page showed
+is what a save accepts. A peer's API key is a secret the admin can replace but never read back:
+the page has a "leave blank to keep" password field and the lists say only whether one is set.
+Saves reach a running proxy through the scheduling signals, like every other table.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, reverse
+
+from scheduling.core.matrix import MatrixError, MatrixSwapper, parse_dsl
+from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
+
+#: combinations the check lists at most: a set of many `|` under `&` multiplies out, and the
+#: page is for reading (the solver never enumerates them).
+COMBINATIONS_SHOWN = 50
+
+
+def managed_by(kind: str, name: str | None) -> str | None:
+    """The config file that defines this row, if the last import's did: the admin says so,
+    since the next import of a changed file puts the file's values back (`kind` is a key of
+    ConfigImport.managed; `name` None for the settings, which every file defines)."""
+    last = ConfigImport.last()
+    if last is None:
+        return None
+    if name is not None and name not in last.managed.get(kind, []):
+        return None
+    return last.source_path
+
+
+class ManagedBanner(admin.ModelAdmin):
+    """Adds `managed_by` to the change page (templates/admin/scheduling/managed_banner.html)."""
+
+    managed_kind = ""
+
+    def managed_name(self, obj) -> str | None:
+        return None
+
+    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
+                           form_url="", obj=None):
+        if obj is not None and obj.pk is not None:
+            context["managed_by"] = managed_by(self.managed_kind, self.managed_name(obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+# ---- the matrix check ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SetCheck:
+    """What the page shows under a set's expression: `error`, or the `combinations` it allows
+    (maximal ones, each sorted; `truncated` when there were more than COMBINATIONS_SHOWN)."""
+
+    error: str = ""
+    combinations: tuple[tuple[str, ...], ...] = ()
+    truncated: bool = False
+    note: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": not self.error, "error": self.error,
+                "combinations": [list(c) for c in self.combinations],
+                "truncated": self.truncated, "note": self.note}
+
+
+def _enabled_models() -> list[str]:
+    """The ids the running proxy compiles the matrix against (its catalog holds the enabled
+    models only), so a set naming a disabled model is refused here as it would fail there."""
+    return list(ModelDefinition.objects.filter(enabled=True).values_list("model_id", flat=True))
+
+
+def compile_matrix(sets: Sequence[tuple[str, str]], variables: Any,
+                   evict_costs: Any) -> MatrixSwapper:
+    """MatrixSwapper.compile with the JSON fields' types checked first (a form may hold any
+    JSON); MatrixError says what is wrong."""
+    if not isinstance(variables, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+        raise MatrixError('matrix vars must be an object of names to model ids, e.g. '
+                          '{"g": "gemma"}')
+    if not isinstance(evict_costs, dict):
+        raise MatrixError('matrix evict costs must be an object of model ids or vars to '
+                          'positive integers, e.g. {"llama-70B": 30}')
+    return MatrixSwapper.compile(sets, variables, evict_costs, _enabled_models())
+
+
+def _other_sets(pk: int | None) -> QuerySet[MatrixSet]:
+    return MatrixSet.objects.all() if pk is None else MatrixSet.objects.exclude(pk=pk)
+
+
+def _sets_with(name: str, dsl: str, position: int, pk: int | None) -> list[tuple[str, str]]:
+    """The matrix's sets in definition order as they would be after saving this one."""
+    rows = [(r.position, r.name, r.dsl) for r in _other_sets(pk)]
+    rows.append((position, name, dsl))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [(n, d) for _, n, d in rows]
+
+
+def _combinations(sets: Mapping[str, str], name: str, variables: Mapping[str, str]
+                  ) -> tuple[list[frozenset[str]], bool]:
+    """The maximal combinations set `name` allows (its subsets are allowed too), in the order
+    the expression gives them; only for a matrix that compiled."""
+    trees = {n: parse_dsl(d) for n, d in sets.items()}
+    truncated = False
+    memo: dict[str, list[frozenset[str]]] = {}
+
+    def expand(node: Any) -> list[frozenset[str]]:
+        nonlocal truncated
+        if node.kind == "leaf":
+            return [frozenset({variables.get(node.name, node.name)})]
+        if node.kind == "ref":
+            if node.name not in memo:
+                memo[node.name] = expand(trees[node.name])
+            return memo[node.name]
+        parts = [expand(child) for child in node.children]
+        if node.kind == "or":
+            out = [c for part in parts for c in part]
+        else:
+            out = []
+            for combo in itertools.product(*parts):
+                out.append(frozenset().union(*combo))
+                if len(out) >= COMBINATIONS_SHOWN * 20:
+                    truncated = True
+                    break
+        return _maximal(out)
+
+    return expand(trees[name]), truncated
+
+
+def _maximal(combos: Iterable[frozenset[str]]) -> list[frozenset[str]]:
+    unique = list(dict.fromkeys(combos))
+    return [c for c in unique if not any(c < other for other in unique)]
+
+
+def check_set(name: str, dsl: str, position: int = 0, pk: int | None = None) -> SetCheck:
+    """Compile the matrix with this set as typed (module docstring)."""
+    name = name.strip()
+    if not name:
+        return SetCheck(error="the set needs a name (`+name` refers to it)")
+    if _other_sets(pk).filter(name=name).exists():
+        return SetCheck(error=f"a matrix set named {name!r} already exists: pick another name")
+    settings = ProxySettings.load()
+    sets = _sets_with(name, dsl, position, pk)
+    try:
+        compile_matrix(sets, settings.matrix_vars, settings.matrix_evict_costs)
+        combos, truncated = _combinations(dict(sets), name, settings.matrix_vars)
+    except MatrixError as exc:
+        return SetCheck(error=str(exc))
+    shown = tuple(tuple(sorted(c)) for c in combos[:COMBINATIONS_SHOWN])
+    note = ""
+    if settings.router != "matrix":
+        note = ("The router in force is group: the matrix applies once the settings page's "
+                "router is matrix.")
+    return SetCheck(combinations=shown, truncated=truncated or len(combos) > len(shown),
+                    note=note)
+
+
+# ---- matrix sets -----------------------------------------------------------------------------
+
+class MatrixSetForm(forms.ModelForm):
+    class Meta:
+        model = MatrixSet
+        fields = ("name", "dsl", "position")
+        widgets = {"dsl": forms.Textarea(attrs={"rows": 2, "cols": 80, "spellcheck": "false",
+                                                "autocomplete": "off"})}
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if {"name", "dsl"} <= data.keys():
+            result = check_set(data["name"], data["dsl"], data.get("position") or 0,
+                               self.instance.pk)
+            if result.error:
+                raise ValidationError({"dsl": result.error})
+        return data
+
+
+@admin.register(MatrixSet)
+class MatrixSetAdmin(ManagedBanner):
+    form = MatrixSetForm
+    list_display = ("name", "position", "dsl")
+    list_editable = ("position",)
+    ordering = ("position", "name")
+    search_fields = ("name", "dsl")
+    managed_kind = "matrix_sets"
+
+    def managed_name(self, obj: MatrixSet) -> str | None:
+        return obj.name
+
+    def get_urls(self):
+        check = path("check/", self.admin_site.admin_view(self.check_view),
+                     name="scheduling_matrixset_check")
+        return [check, *super().get_urls()]
+
+    def check_view(self, request: HttpRequest) -> JsonResponse:
+        """The as-you-type check: POST name, dsl, position, pk (the set being changed)."""
+        if request.method != "POST":
+            return JsonResponse(_error("POST the expression as form fields: name, dsl, "
+                                       "position, pk", "method_not_allowed"), status=405)
+        if not (self.has_add_permission(request) or self.has_change_permission(request)):
+            return JsonResponse(_error("checking a matrix set needs the permission to add or "
+                                       "change matrix sets", "permission_denied"), status=403)
+        try:
+            position = int(request.POST.get("position") or 0)
+            pk = int(request.POST["pk"]) if request.POST.get("pk") else None
+        except ValueError:
+            return JsonResponse(_error("position and pk must be whole numbers",
+                                       "invalid_value"), status=400)
+        result = check_set(request.POST.get("name", ""), request.POST.get("dsl", ""),
+                           position, pk)
+        return JsonResponse(result.as_json())
+
+    def render_change_form(self, request: HttpRequest, context, add=False, change=False,
+                           form_url="", obj=None):
+        context["check_url"] = reverse("admin:scheduling_matrixset_check")
+        form = context["adminform"].form
+        if obj is not None and not form.is_bound:
+            context["set_check"] = check_set(obj.name, obj.dsl, obj.position, obj.pk)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def _error(message: str, code: str) -> dict[str, Any]:
+    """The OpenAI-style error shape gpuproxy answers everywhere (gpuproxy/proxy/errors.py,
+    which this layer may not import)."""
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                      "code": code}}
+
+
+# ---- peers -----------------------------------------------------------------------------------
+
+KEY_SET = "set (hidden)"
+KEY_NONE = "none"
+
+
+class PeerForm(forms.ModelForm):
+    """The key is write-only: the field is always empty on the page; blank keeps the saved key
+    and `clear_api_key` removes it."""
+
+    api_key = forms.CharField(
+        label="API key", required=False, strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="`apiKey`: sent to the peer as `Authorization: Bearer` and `x-api-key` in "
+                  "place of the client's. Leave blank to keep the saved key; it is never "
+                  "shown again.")
+    clear_api_key = forms.BooleanField(
+        label="remove the saved API key", required=False,
+        help_text="Send no key to the peer from now on.")
+
+    class Meta:
+        model = Peer
+        fields = ("peer_id", "proxy", "api_key", "clear_api_key", "models_list",
+                  "priority_forward", "strip_params", "set_params", "timeouts")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved_key = self.instance.api_key if self.instance.pk else ""
+        self.initial["api_key"] = ""
+        if self.saved_key:
+            self.fields["api_key"].widget.attrs["placeholder"] = "a key is saved; blank keeps it"
+
+    def clean_api_key(self) -> str:
+        typed = self.cleaned_data.get("api_key") or ""
+        if any(c.isspace() for c in typed):
+            raise ValidationError("An API key contains no spaces.")
+        return typed
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if data.get("clear_api_key"):
+            if data.get("api_key"):
+                raise ValidationError({"clear_api_key": "Type a new key or remove the saved "
+                                                        "one, not both."})
+            data["api_key"] = ""
+        elif not data.get("api_key"):
+            data["api_key"] = self.saved_key  # what the instance is saved with
+        models = data.get("models_list")
+        if "models_list" in data and not (isinstance(models, list) and models and all(
+                isinstance(m, str) and m for m in models)):
+            self.add_error("models_list", 'models must be a non-empty list of model names, '
+                                          'e.g. ["llama-3.1-8b"]')
+        return data
+
+
+def peer_host(proxy: str) -> str:
+    """The peer's host and port, never the URL's user or password."""
+    try:
+        parts = urlsplit(proxy)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(not a URL)"
+    return f"{host}:{port}" if port else host
+
+
+@admin.register(Peer)
+class PeerAdmin(ManagedBanner):
+    form = PeerForm
+    list_display = ("peer_id", "host", "models_shown", "priority_forward", "key_state")
+    search_fields = ("peer_id", "proxy")
+    managed_kind = "peers"
+    fieldsets = (
+        (None, {"fields": ("peer_id", "proxy", "models_list", "priority_forward")}),
+        ("API key", {"fields": ("api_key", "clear_api_key")}),
+        ("Filters and timeouts", {"fields": ("strip_params", "set_params", "timeouts")}),
+    )
+
+    def managed_name(self, obj: Peer) -> str | None:
+        return obj.peer_id
+
+    @admin.display(description="host")
+    def host(self, obj: Peer) -> str:
+        return peer_host(obj.proxy)
+
+    @admin.display(description="models")
+    def models_shown(self, obj: Peer) -> str:
+        return ", ".join(map(str, obj.models_list or []))
+
+    @admin.display(description="API key")
+    def key_state(self, obj: Peer) -> str:
+        return KEY_SET if obj.api_key else KEY_NONE
+
+
+# ---- selectors and profiles ------------------------------------------------------------------
+
+@admin.register(Selector)
+class SelectorAdmin(ManagedBanner):
+    list_display = ("selector_id", "strategy", "targets_shown", "spillover", "unlisted")
+    list_filter = ("strategy", "unlisted")
+    search_fields = ("selector_id", "name", "description")
+    managed_kind = "selectors"
+    fieldsets = (
+        (None, {"fields": ("selector_id", "strategy", "targets", "spillover")}),
+        ("Listing", {"fields": ("name", "description", "unlisted", "metadata")}),
+    )
+
+    def managed_name(self, obj: Selector) -> str | None:
+        return obj.selector_id
+
+    @admin.display(description="targets")
+    def targets_shown(self, obj: Selector) -> str:
+        return " → ".join(map(str, obj.targets or []))
+
+
+@admin.register(Profile)
+class ProfileAdmin(ManagedBanner):
+    list_display = ("name", "active", "description", "pins_shown")
+    search_fields = ("name", "description")
+    managed_kind = "profiles"
+
+    def managed_name(self, obj: Profile) -> str | None:
+        return obj.name
+
+    @admin.display(description="active", boolean=True)
+    def active(self, obj: Profile) -> bool:
+        return obj.name == ProxySettings.load().active_profile
+
+    @admin.display(description="pins")
+    def pins_shown(self, obj: Profile) -> str:
+        pins = obj.pins if isinstance(obj.pins, dict) else {}
+        return ", ".join(f"{k} → {v or '(disabled)'}" for k, v in pins.items())
+
+    def save_model(self, request: HttpRequest, obj: Profile, form, change: bool) -> None:
+        """A rename of the active profile keeps it active (the setting names it)."""
+        old = Profile.objects.filter(pk=obj.pk).values_list("name", flat=True).first()
+        super().save_model(request, obj, form, change)
+        settings = ProxySettings.load()
+        if change and old and old != obj.name and settings.active_profile == old:
+            settings.active_profile = obj.name
+            settings.save()
+
+
+# ---- the settings page's routing fields ------------------------------------------------------
+
+ROUTING_FIELDSET: Any = ("Routing", {  # a fieldset of ProxySettingsAdmin's
+    "fields": ("router", "matrix_vars", "matrix_evict_costs", "active_profile"),
+    "description": "The router decides which models stop before another loads. The matrix's "
+                   "sets are edited under Matrix sets; the active profile's pins apply to "
+                   "every request at once."})
+
+
+class ProxySettingsForm(forms.ModelForm):
+    """`active_profile` is a choice of the defined profiles; switching to the matrix router
+    compiles the matrix first, so the proxy never runs one that does not."""
+
+    active_profile = forms.ChoiceField(
+        required=False, label="active profile",
+        help_text="The profile whose pins apply (also `PUT /api/profiles/active`).")
+
+    class Meta:
+        model = ProxySettings
+        fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [("", "none")]
+        choices += [(name, f"{name}: {description}" if description else name)
+                    for name, description in Profile.objects.values_list("name", "description")]
+        saved = self.instance.active_profile if self.instance.pk else ""
+        if saved and saved not in {value for value, _ in choices}:
+            choices.append((saved, f"{saved} (not defined: no pins apply)"))
+        field = self.fields["active_profile"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = choices
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if data.get("router") == "matrix" and {"matrix_vars", "matrix_evict_costs"} <= data.keys():
+            sets = list(MatrixSet.objects.values_list("name", "dsl"))
+            if not sets:
+                self.add_error("router", "The matrix router needs at least one matrix set: "
+                                         "add one under Matrix sets first.")
+                return data
+            try:
+                compile_matrix(sets, data["matrix_vars"] or {}, data["matrix_evict_costs"] or {})
+            except MatrixError as exc:
+                field = ("matrix_evict_costs" if "evict" in str(exc)
+                         else "matrix_vars" if "var key" in str(exc) else "router")
+                self.add_error(field, f"The matrix does not compile: {exc}.")
+        return data
+

@@ -1,0 +1,356 @@
+"""The admin pages of llama-swap's routing: matrix sets (the expression checked by a JSON view
+as it is typed, and on save), peers (a write-only API key), selectors, profiles, the settings'
+routing fields and the trusted-peer flag of API keys. Django's test client, a staff user, the
+test database; no proxy runs here (the pages only save rows; the signals carry them)."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import pytest
+from django import forms
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from scheduling.models import ApiKey, ModelDefinition, ProxySettings
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
+
+pytestmark = pytest.mark.django_db
+
+CHECK = "admin:scheduling_matrixset_check"
+PEER_KEY = "sk-peer-Zq8mW2xK5vR9tY3u"
+
+
+@pytest.fixture
+def client() -> Client:
+    c = Client()
+    c.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return c
+
+
+@pytest.fixture
+def models() -> list[str]:
+    """Four enabled models and a disabled one (the running proxy knows only enabled ones)."""
+    for m in ("llama", "qwen", "embed", "gemma", "off"):
+        ModelDefinition.objects.create(model_id=m, cmd="x", proxy="http://127.0.0.1:1",
+                                       enabled=m != "off")
+    return ["llama", "qwen", "embed", "gemma"]
+
+
+def form_data(response, **changes) -> dict[str, str]:
+    """The POST a browser would send for the form on this page, with `changes` typed in."""
+    form = response.context["adminform"].form
+    data: dict[str, str] = {}
+    for name, field in form.fields.items():
+        value = form[name].value()
+        if isinstance(field, forms.BooleanField):
+            if value:
+                data[name] = "on"
+        elif isinstance(value, list | dict):
+            data[name] = json.dumps(value)
+        else:
+            data[name] = "" if value is None else str(value)
+    data.update({k: str(v) for k, v in changes.items()})
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def text(response) -> str:
+    return html.unescape(response.content.decode())
+
+
+def errors(response) -> dict[str, list[str]]:
+    return {k: [str(e) for e in v] for k, v in response.context["adminform"].form.errors.items()}
+
+
+def check(client: Client, dsl: str, name: str = "s", **more: object) -> dict:
+    r = client.post(reverse(CHECK), {"name": name, "dsl": dsl, **more})
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+# ---- matrix sets: the check view ---------------------------------------------------------------
+
+def test_a_good_expression_answers_the_combinations_it_allows(client, models):
+    assert check(client, "(llama | qwen) & embed") == {
+        "ok": True, "error": "", "truncated": False,
+        "combinations": [["embed", "llama"], ["embed", "qwen"]],
+        "note": "The router in force is group: the matrix applies once the settings page's "
+                "router is matrix."}
+
+
+def test_vars_and_references_to_other_sets_are_expanded(client, models):
+    settings = ProxySettings.load()
+    settings.matrix_vars = {"g": "gemma", "e": "embed"}
+    settings.router = "matrix"
+    settings.save()
+    MatrixSet.objects.create(name="chat", dsl="llama | qwen", position=0)
+    answer = check(client, "+chat & e | g")
+    assert answer["ok"] and answer["note"] == ""
+    assert answer["combinations"] == [["embed", "llama"], ["embed", "qwen"], ["gemma"]]
+
+
+def test_subsets_are_not_listed_beside_the_combination_that_holds_them(client, models):
+    assert check(client, "llama | llama & qwen")["combinations"] == [["llama", "qwen"]]
+
+
+@pytest.mark.parametrize(("dsl", "error"), [
+    ("llama & (qwen", "set 's': missing closing parenthesis"),
+    ("llama & nope", "set 's': unknown var or model 'nope'"),
+    ("llama & off", "set 's': unknown var or model 'off'"),  # disabled: not in the catalog
+    ("llama &", "set 's': unexpected end"),
+    ("+missing", "set 's' references undefined set 'missing'"),
+    ("llama ; qwen", "set 's': unexpected character ';' at position 6"),
+    ("  ", "set 's': empty expression"),
+])
+def test_a_bad_expression_answers_what_is_wrong(client, models, dsl, error):
+    assert check(client, dsl) == {"ok": False, "error": error, "combinations": [],
+                                  "truncated": False, "note": ""}
+
+
+def test_a_cycle_through_another_set_is_found(client, models):
+    MatrixSet.objects.create(name="a", dsl="llama | +s", position=0)
+    answer = check(client, "qwen & +a")
+    assert not answer["ok"]
+    assert "circular reference" in answer["error"]
+
+
+def test_the_name_is_checked_too(client, models):
+    MatrixSet.objects.create(name="taken", dsl="llama")
+    assert check(client, "qwen", name="taken")["error"] == (
+        "a matrix set named 'taken' already exists: pick another name")
+    # the set being changed may keep its own name
+    own = MatrixSet.objects.get(name="taken")
+    assert check(client, "qwen", name="taken", pk=own.pk)["ok"]
+
+
+def test_the_check_view_wants_a_post_from_staff(client, models):
+    r = client.get(reverse(CHECK))
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    plain = Client()
+    plain.force_login(User.objects.create_user("plain", password="pw"))
+    r = plain.post(reverse(CHECK), {"name": "s", "dsl": "llama"})
+    assert r.status_code == 302 and "/admin/login/" in r["Location"]
+    r = client.post(reverse(CHECK), {"name": "s", "dsl": "llama", "position": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
+
+
+# ---- matrix sets: the pages --------------------------------------------------------------------
+
+def test_a_set_is_added_and_a_bad_one_refused_with_the_checks_words(client, models):
+    add = reverse("admin:scheduling_matrixset_add")
+    r = client.post(add, {"name": "bad", "dsl": "llama & nope", "position": "0"})
+    assert r.status_code == 200
+    assert errors(r) == {"dsl": ["set 'bad': unknown var or model 'nope'"]}
+    assert not MatrixSet.objects.exists()
+    r = client.post(add, {"name": "pair", "dsl": "llama & embed", "position": "0"})
+    assert r.status_code == 302
+    assert MatrixSet.objects.get().dsl == "llama & embed"
+
+
+def test_the_change_page_shows_the_saved_sets_combinations_and_the_script(client, models):
+    s = MatrixSet.objects.create(name="pair", dsl="(llama | qwen) & embed")
+    page = text(client.get(reverse("admin:scheduling_matrixset_change", args=[s.pk])))
+    assert "matrix_check.js" in page
+    assert f'data-url="{reverse(CHECK)}"' in page
+    assert "<code>embed & llama</code>" in page
+    assert "<code>embed & qwen</code>" in page
+
+
+def test_the_list_is_in_position_order_and_the_order_is_editable_there(client, models):
+    b = MatrixSet.objects.create(name="b-first", dsl="llama", position=0)
+    a = MatrixSet.objects.create(name="a-second", dsl="qwen", position=1)
+    url = reverse("admin:scheduling_matrixset_changelist")
+    page = text(client.get(url))
+    assert page.index("b-first") < page.index("a-second")
+    r = client.post(url, {
+        "form-TOTAL_FORMS": "2", "form-INITIAL_FORMS": "2",
+        "form-0-id": str(b.pk), "form-0-position": "5",
+        "form-1-id": str(a.pk), "form-1-position": "1", "_save": "Save"})
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    page = text(client.get(url))
+    assert page.index("a-second") < page.index("b-first")
+    assert list(MatrixSet.objects.values_list("name", flat=True)) == ["a-second", "b-first"]
+
+
+# ---- peers -------------------------------------------------------------------------------------
+
+def add_peer(client: Client, **changes: str):
+    page = client.get(reverse("admin:scheduling_peer_add"))
+    data = form_data(page, peer_id="remote", proxy="https://peer.example.com:8443/",
+                     models_list='["llama-3.1-8b", "qwen"]', priority_forward="header")
+    data.update(changes)
+    return client.post(reverse("admin:scheduling_peer_add"), data)
+
+
+def every_page_of(client: Client, peer: Peer) -> str:
+    change = reverse("admin:scheduling_peer_change", args=[peer.pk])
+    return "".join(client.get(url).content.decode() for url in (
+        reverse("admin:scheduling_peer_changelist"), change,
+        reverse("admin:scheduling_peer_history", args=[peer.pk]),
+        reverse("admin:scheduling_peer_delete", args=[peer.pk]), reverse("admin:index")))
+
+
+def test_a_peers_key_is_saved_and_never_shown_again(client):
+    r = add_peer(client, api_key=PEER_KEY)
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    peer = Peer.objects.get()
+    assert peer.api_key == PEER_KEY
+    pages = every_page_of(client, peer)
+    assert PEER_KEY not in pages and PEER_KEY[:8] not in pages
+    listing = text(client.get(reverse("admin:scheduling_peer_changelist")))
+    assert "set (hidden)" in listing and "peer.example.com:8443" in listing
+
+
+def test_a_blank_key_keeps_the_saved_one_a_new_one_replaces_it_and_clear_removes_it(client):
+    add_peer(client, api_key=PEER_KEY)
+    peer = Peer.objects.get()
+    url = reverse("admin:scheduling_peer_change", args=[peer.pk])
+    page = client.get(url)
+    assert page.context["adminform"].form["api_key"].value() in ("", None)
+
+    r = client.post(url, form_data(page, proxy="http://10.0.0.2:8080"))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    peer.refresh_from_db()
+    assert (peer.proxy, peer.api_key) == ("http://10.0.0.2:8080", PEER_KEY)
+
+    client.post(url, form_data(client.get(url), api_key="sk-new-key"))
+    peer.refresh_from_db()
+    assert peer.api_key == "sk-new-key"
+
+    r = client.post(url, form_data(client.get(url), api_key="sk-other", clear_api_key="on"))
+    assert errors(r) == {"clear_api_key": ["Type a new key or remove the saved one, not both."]}
+    client.post(url, form_data(client.get(url), clear_api_key="on"))
+    peer.refresh_from_db()
+    assert peer.api_key == ""
+    assert "none" in text(client.get(reverse("admin:scheduling_peer_changelist")))
+
+
+def test_a_page_shown_again_with_errors_does_not_echo_the_typed_key(client):
+    r = add_peer(client, api_key=PEER_KEY, models_list="[]")
+    assert r.status_code == 200
+    assert "models_list" in errors(r)
+    assert PEER_KEY not in r.content.decode()
+    assert not Peer.objects.exists()
+
+
+def test_the_list_shows_the_host_not_a_password_in_the_url(client):
+    add_peer(client, proxy="https://user:hunter2@peer.example.com/v1")
+    listing = text(client.get(reverse("admin:scheduling_peer_changelist")))
+    assert "peer.example.com" in listing and "hunter2" not in listing
+
+
+# ---- selectors, profiles -----------------------------------------------------------------------
+
+def test_a_selector_is_added_listed_and_changed(client, models):
+    add = reverse("admin:scheduling_selector_add")
+    data = form_data(client.get(add), selector_id="coder", strategy="warm",
+                     targets='["llama", "qwen"]', spillover="1")
+    r = client.post(add, data)
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    sel = Selector.objects.get()
+    assert (sel.strategy, sel.targets) == ("warm", ["llama", "qwen"])
+    assert "llama → qwen" in text(client.get(reverse("admin:scheduling_selector_changelist")))
+    url = reverse("admin:scheduling_selector_change", args=[sel.pk])
+    r = client.post(url, form_data(client.get(url), strategy="pin"))
+    assert r.status_code == 302
+    sel.refresh_from_db()
+    assert sel.strategy == "pin"
+
+
+def test_a_profile_is_added_shown_active_and_a_rename_keeps_it_active(client, models):
+    add = reverse("admin:scheduling_profile_add")
+    r = client.post(add, form_data(client.get(add), name="night",
+                                   pins='{"coder": "qwen", "chat": null}'))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    profile = Profile.objects.get()
+    assert profile.pins == {"coder": "qwen", "chat": None}
+    listing = text(client.get(reverse("admin:scheduling_profile_changelist")))
+    assert "coder → qwen" in listing and "chat → (disabled)" in listing
+    assert 'alt="False"' in listing
+
+    settings = ProxySettings.load()
+    settings.active_profile = "night"
+    settings.save()
+    assert 'alt="True"' in text(client.get(reverse("admin:scheduling_profile_changelist")))
+    url = reverse("admin:scheduling_profile_change", args=[profile.pk])
+    client.post(url, form_data(client.get(url), name="late-night"))
+    assert ProxySettings.load().active_profile == "late-night"
+
+
+# ---- the settings page, API keys ---------------------------------------------------------------
+
+@pytest.fixture
+def settings_url() -> str:
+    return reverse("admin:scheduling_proxysettings_change", args=[ProxySettings.load().pk])
+
+
+def test_the_active_profile_is_a_choice_of_the_defined_ones(client, models, settings_url):
+    Profile.objects.create(name="day", description="the big models")
+    Profile.objects.create(name="night")
+    form = client.get(settings_url).context["adminform"].form
+    assert form.fields["active_profile"].choices == [
+        ("", "none"), ("day", "day: the big models"), ("night", "night")]
+    r = client.post(settings_url, form_data(client.get(settings_url), active_profile="nope"))
+    assert "active_profile" in errors(r)
+    r = client.post(settings_url, form_data(client.get(settings_url), active_profile="night"))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    assert ProxySettings.load().active_profile == "night"
+
+
+def test_a_deleted_active_profile_stays_selectable_and_says_it_is_not_defined(
+        client, models, settings_url):
+    settings = ProxySettings.load()
+    settings.active_profile = "gone"
+    settings.save()
+    form = client.get(settings_url).context["adminform"].form
+    assert ("gone", "gone (not defined: no pins apply)") in form.fields["active_profile"].choices
+    r = client.post(settings_url, form_data(client.get(settings_url), aging_divisor="30"))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+
+
+def test_the_matrix_router_needs_a_matrix_that_compiles(client, models, settings_url):
+    r = client.post(settings_url, form_data(client.get(settings_url), router="matrix"))
+    assert errors(r) == {"router": ["The matrix router needs at least one matrix set: add one "
+                                    "under Matrix sets first."]}
+    MatrixSet.objects.create(name="all", dsl="g & qwen")
+    r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
+                                            matrix_vars='{"g": "nope"}'))
+    assert errors(r) == {"matrix_vars": ["The matrix does not compile: var key 'g' references "
+                                         "unknown model 'nope'."]}
+    r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
+                                            matrix_vars='{"g": "gemma"}',
+                                            matrix_evict_costs='{"g": 0}'))
+    assert errors(r) == {"matrix_evict_costs": ["The matrix does not compile: evict_cost for "
+                                                "'g' must be a positive integer, got 0."]}
+    r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
+                                            matrix_vars='{"g": "gemma"}',
+                                            matrix_evict_costs='{"g": 30}'))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    settings = ProxySettings.load()
+    assert (settings.router, settings.matrix_vars, settings.matrix_evict_costs) == (
+        "matrix", {"g": "gemma"}, {"g": 30})
+
+
+def test_the_group_router_keeps_an_unused_matrix_as_it_is(client, models, settings_url):
+    """An imported `use: group` config keeps its unvalidated matrix: saving other settings
+    must not trip over it."""
+    settings = ProxySettings.load()
+    settings.matrix_vars = {"g": "not-a-model"}
+    settings.save()
+    r = client.post(settings_url, form_data(client.get(settings_url), aging_divisor="45"))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+
+
+def test_an_api_key_can_be_marked_a_trusted_peer(client):
+    key = ApiKey(name="upstream-box")
+    key.set_key("sk-gp-upstream-box-0")
+    key.save()
+    url = reverse("admin:scheduling_apikey_change", args=[key.pk])
+    r = client.post(url, form_data(client.get(url), trusted_peer="on"))
+    assert r.status_code == 302, errors(r) if r.status_code == 200 else r
+    key.refresh_from_db()
+    assert key.trusted_peer
+    assert "trusted peer" in text(client.get(reverse("admin:scheduling_apikey_changelist")))
