@@ -19,6 +19,7 @@ from scheduling.exporter import export_document, export_yaml
 from scheduling.importer import import_config, import_path
 from scheduling.llamaswap import ConfigError, parse_config
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
 EXAMPLE_ENV = {"HOME": "/home/ada", "API_KEY_1": "sk-env-one", "API_KEY_2": "sk-env-two",
                "OPENROUTER_API_KEY": "sk-or-123"}
@@ -131,12 +132,74 @@ def test_example_warnings_name_every_unsupported_section_in_it(example_text):
     parsed = parse_config(example_text, EXAMPLE_ENV)
     expected = {
         "logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "ui",
-        "upstream.ignorePaths", "profiles", "selectors", "peers",
-        "routing.router.settings.matrix", "models.gpt-oss-120b.timeouts",
-        "models.gpt-oss-120b.compat",
+        "upstream.ignorePaths", "models.gpt-oss-120b.timeouts", "models.gpt-oss-120b.compat",
     }
     missing = expected - warned_paths(parsed.warnings)
     assert not missing, f"no warning names {sorted(missing)}; warnings: {parsed.warnings}"
+
+
+#: The sections issue 19 brought in: none may be called unsupported any more.
+ROUTING_SECTIONS = ("profiles", "selectors", "peers", "routing.router.settings.matrix",
+                    "matrix")
+
+
+def test_example_routing_sections_import_with_no_not_supported_warning(example_text):
+    parsed = parse_config(example_text, EXAMPLE_ENV)
+    unsupported = [w for w in parsed.warnings if "not supported" in w
+                   and w.split(": ", 1)[0].startswith(ROUTING_SECTIONS)]
+    assert unsupported == []
+
+
+@pytest.mark.django_db
+def test_example_matrix_peers_selectors_and_profiles_import_as_written(example_text):
+    """Values read by eye from the example's `routing.router.settings.matrix`, `peers`,
+    `selectors` and `profiles`."""
+    import_config(parse_config(example_text, EXAMPLE_ENV))
+    s = ProxySettings.load()
+    assert s.router == "group"  # `use: group`: the matrix is kept, not used
+    assert s.matrix_vars == {"g": "gemma-model", "q": "qwen-model", "m": "mistral-model",
+                             "v": "voxtral-model", "e": "reranker-model"}
+    assert s.matrix_evict_costs == {"v": 50, "llama-70B": 30}
+    assert s.active_profile == ""  # startup selects none
+    assert list(MatrixSet.objects.values_list("name", "dsl")) == [
+        ("standard", "(g | qwen-model | m) & v"), ("with_rerank", "(g | q) & v & e"),
+        ("creative", "(g | q) & stable-diffusion"), ("full", "llama-70B")]
+
+    peers = {p.peer_id: p for p in Peer.objects.all()}
+    assert sorted(peers) == ["llama-swap-peer", "openrouter"]
+    local = peers["llama-swap-peer"]
+    assert (local.proxy, local.api_key) == ("http://192.168.1.23", "")
+    assert local.models_list == ["model_a", "model_b", "embeddings/model_c"]
+    router = peers["openrouter"]
+    assert (router.proxy, router.api_key) == ("https://openrouter.ai/api", "sk-or-123")
+    assert router.models_list == [
+        "meta-llama/llama-3.1-8b-instruct", "qwen/qwen3-235b-a22b-2507",
+        "deepseek/deepseek-v3.2", "z-ai/glm-4.7", "moonshotai/kimi-k2-0905",
+        "minimax/minimax-m2.1"]
+    assert router.strip_params == "temperature, top_p"
+    assert router.set_params == {"provider": {"data_collection": "deny", "zdr": True}}
+    assert router.timeouts == {"connect": 30, "keepalive": 30, "responseHeader": 60,
+                               "tlsHandshake": 10, "idleConn": 90}
+
+    selectors = {x.selector_id: x for x in Selector.objects.all()}
+    assert sorted(selectors) == ["coding-model", "llama", "llm-plan"]
+    coding = selectors["coding-model"]
+    assert (coding.strategy, coding.targets) == ("warm", ["gpt-oss-120b", "qwen-unlisted"])
+    assert (coding.name, coding.description, coding.metadata) == (
+        "Coding Model", "Best currently loaded coding model", {"purpose": "coding"})
+    assert (selectors["llm-plan"].strategy, selectors["llm-plan"].targets) == (
+        "pin", ["gpt-oss-120b", "z-ai/glm-4.7"])
+    llama = selectors["llama"]
+    assert (llama.strategy, llama.targets, llama.spillover) == (
+        "spillover", ["docker-llama", "modelA", "modelB"], 4)
+
+    (coding_profile,) = Profile.objects.all()
+    assert (coding_profile.name, coding_profile.description) == (
+        "coding", "Coding-focused model routing")
+    assert set(coding_profile.pins) == {"llm-code", "llm-plan", "image-gen"}
+    assert coding_profile.pins["llm-code"] == "gpt-oss-120b"
+    assert coding_profile.pins["llm-plan"] == "qwen-unlisted"
+    assert coding_profile.pins["image-gen"] in (None, "")  # `~`: the id is disabled (404)
 
 
 def test_example_needs_every_env_variable_it_references_outside_comments(example_text):
