@@ -27,6 +27,7 @@ from activity import captures, outcomes
 from activity.record import RequestRecord
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, metrics
+from gpuproxy.proxy import peers, urgency
 from gpuproxy.proxy.auth import KeyRefusal, authorize, credential_drop
 from gpuproxy.proxy.errors import error_body, for_path
 from gpuproxy.proxy.exchange import CLIENT_CLOSED, JSON, UpstreamExchange
@@ -55,12 +56,10 @@ from scheduling.core.errors import (
     ShuttingDown,
     SwapFailed,
 )
-from scheduling.core.priority import HEADER, band, parse_priority, service_tier_priority
+from scheduling.core.priority import band
 
-PRIORITY_HEADER = HEADER.encode()
 # Seconds between "still waiting" signs on a waiting stream.
 KEEPALIVE: float = settings.GPUPROXY_STREAM_KEEPALIVE
-QUEUE_TIMEOUT_HEADER = b"x-llamaswap-queue-timeout"
 # How many times a request may wait for its model: again each time the process it was
 # granted had died before the request could reach it (it reached no server, so waiting again
 # is safe). Bounded for a model whose every fresh process dies at once.
@@ -373,31 +372,12 @@ class ProxyConsumer(UpstreamExchange):
 
     async def forward_to_peer(self, route: Route, parsed: Any, upstream_path: str,
                               body: bytes, priority: int) -> None:
-        """A peer's model: forwarded with the peer's key, never scheduled (issue 19)."""
-        await self.send_error(ModelNotFound(route.requested))
-
-    def queue_deadline(self) -> float | None:
-        """Seconds this request may wait: `X-LlamaSwap-Queue-Timeout` (a positive number),
-        else the `queue.timeout` setting (0: no deadline). A bad header value is ignored, as
-        a bad priority is: the request is still served."""
-        raw = self.headers.get(QUEUE_TIMEOUT_HEADER)
-        if raw is not None:
-            try:
-                seconds = float(raw)
-            except ValueError:
-                seconds = 0.0
-            if 0 < seconds < float("inf"):
-                return seconds
-        return self.rt.catalog.queue_timeout or None
+        """A peer's model: forwarded with the peer's key, never scheduled (peers.py)."""
+        await peers.forward(self, route, parsed, upstream_path, priority, self.cancel_by_admin)
 
     def priority(self, json_body: dict[str, Any] | None) -> int:
-        """The header's priority; without the header, OpenAI's `service_tier` in the body."""
-        header = self.headers.get(PRIORITY_HEADER)
-        if header is None and json_body is not None:
-            tier = service_tier_priority(json_body.get("service_tier"))
-            if tier is not None:
-                return tier
-        return parse_priority(header)
+        """The priority applied here, the scheduler's and a peer's (urgency.py)."""
+        return urgency.applied_priority(self.headers, json_body)
 
     async def upstream_passthrough(self, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""
@@ -468,14 +448,16 @@ class ProxyConsumer(UpstreamExchange):
                 reporter = asyncio.get_running_loop().create_task(
                     self.report_wait(waiting, model, priority, loading_state))
 
-        patience = self.queue_deadline()
+        patience = urgency.queue_deadline(self.headers, self.rt.catalog.queue_timeout)
+        age = urgency.age(self.headers, self.rt.catalog)  # a trusted peer's request's
         give_up = time.monotonic() + patience if patience is not None else None
         for attempt in range(1, WAITS + 1):
             if give_up is not None:  # a later wait gets what is left of the first's
                 patience = max(give_up - time.monotonic(), 0.001)
             try:
                 try:
-                    grant = await self.rt.acquire(model, priority, patience, watch=watch)
+                    grant = await self.rt.acquire(model, priority, patience, watch=watch,
+                                                  age=age)
                 finally:
                     if reporter is not None:
                         reporter.cancel()

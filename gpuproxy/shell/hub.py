@@ -75,8 +75,9 @@ class _Link:
         """One frame from the request process (`wire.Channel` calls it, in order)."""
         kind = frame[0]
         if kind == "acquire":
-            _, rid, model, priority, deadline, watched = frame
-            self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline, watched))
+            _, rid, model, priority, deadline, watched, age = frame
+            self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline, watched,
+                                                       age))
         elif kind == "release":
             grant = self.grants.pop(frame[1], None)
             if grant is not None:
@@ -137,7 +138,7 @@ class _Link:
             self.hub.all_gone.set()
 
     async def _acquire(self, rid: int, model: str, priority: int, deadline: float | None,
-                       watched: bool) -> None:
+                       watched: bool, age: float) -> None:
         reporter: asyncio.Task[None] | None = None
 
         def watch(waiting: Any) -> None:
@@ -146,7 +147,7 @@ class _Link:
 
         try:
             grant = await self.hub.rt.acquire(model, priority, deadline,
-                                              watch=watch if watched else None)
+                                              watch=watch if watched else None, age=age)
         except SchedulingError as exc:
             self.send(("refused", rid, wire.error_state(exc)))
             return

@@ -72,9 +72,12 @@ class ProxyPort(Protocol):
         ...
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
-                      watch: Callable[[Waiting], None] | None = None) -> Granted:
+                      watch: Callable[[Waiting], None] | None = None, *,
+                      age: float = 0.0) -> Granted:
         """Wait for the scheduler to grant `model`; `Grant.release()` once done. Raises the
-        SchedulingError the scheduler chose; a cancelled wait withdraws the request."""
+        SchedulingError the scheduler chose; a cancelled wait withdraws the request. `age`:
+        seconds it already waited on the trusted peer that forwarded it (it queues as that
+        much older)."""
         ...
 
     async def load(self, model: str) -> str: ...

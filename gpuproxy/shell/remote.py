@@ -311,7 +311,8 @@ class RemoteRuntime:
     # ---- ProxyPort ------------------------------------------------------------------------
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
-                      watch: Callable[[Waiting], None] | None = None) -> RemoteGrant:
+                      watch: Callable[[Waiting], None] | None = None, *,
+                      age: float = 0.0) -> RemoteGrant:
         if self._channel is None:
             raise SchedulerUnavailable()
         loop = asyncio.get_running_loop()
@@ -321,7 +322,7 @@ class RemoteRuntime:
         if watch is not None:
             watch(waiting)
         self._acquires[rid] = _Acquire(done, waiting)
-        self.send(("acquire", rid, model, priority, deadline, watch is not None))
+        self.send(("acquire", rid, model, priority, deadline, watch is not None, age))
         try:
             return await done
         except asyncio.CancelledError:

@@ -233,18 +233,23 @@ class RunLoop:
 
     async def acquire(self, model: str, priority: int = 0,
                       deadline: float | None = None,
-                      watch: Callable[[Waiting], None] | None = None) -> Grant:
+                      watch: Callable[[Waiting], None] | None = None, *,
+                      age: float = 0.0) -> Grant:
         """Wait until the scheduler grants `model` (an id or an unknown name) to this caller.
 
         Raises the SchedulingError the scheduler chose, or QueueTimeout after `deadline`
         seconds of waiting (the request is withdrawn like a client that left).
         Cancellation-safe: a caller that is cancelled while waiting is withdrawn, and a grant
         that raced the cancel is released.
+
+        `age`: seconds the request had already waited before it reached this node (a trusted
+        peer's `X-LlamaSwap-Arrived`): it enters the queue that much older, so its aging does
+        not restart at each hop (docs/scheduling.md, "Priority across peers").
         """
         if deadline:
             try:
                 async with asyncio.timeout(deadline):
-                    return await self.acquire(model, priority, watch=watch)
+                    return await self.acquire(model, priority, watch=watch, age=age)
             except TimeoutError:
                 raise QueueTimeout(model, deadline) from None
         if self._closed:  # the loop takes no more events: waiting would be forever
@@ -253,8 +258,9 @@ class RunLoop:
         waiting = Waiting(loop.create_future(), model=model)
         if watch is not None:
             watch(waiting)  # e.g. a stream that reports the wait to its client
-        req = Request(next(self._seq), model, loop.time(), priority, waiting)
-        self.post(RequestArrived(req, req.arrived))
+        now = loop.time()
+        req = Request(next(self._seq), model, now - age, priority, waiting)
+        self.post(RequestArrived(req, now))
         try:
             # Not shielded: a cancel here cancels the future itself, which the scheduler's
             # grant sees as the client gone; a grant that won the race leaves the future

@@ -226,8 +226,9 @@ class Runtime:
         return self.upstreams.catalog
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
-                      watch: Callable[[Waiting], None] | None = None) -> Grant:
-        return await self.run_loop.acquire(model, priority, deadline, watch=watch)
+                      watch: Callable[[Waiting], None] | None = None, *,
+                      age: float = 0.0) -> Grant:
+        return await self.run_loop.acquire(model, priority, deadline, watch=watch, age=age)
 
     async def load(self, model: str) -> str:
         return await self.run_loop.load(model)

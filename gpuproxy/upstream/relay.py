@@ -169,16 +169,27 @@ def timeout(idle: float) -> dict[str, float | None]:
     return httpx.Timeout(CONNECT_TIMEOUT, read=idle, write=60.0, pool=None).as_dict()
 
 
+@functools.lru_cache(maxsize=64)
+def peer_timeout(connect: float) -> dict[str, float | None]:
+    """A peer's timeouts (`peers.<id>.timeouts`, llama-swap's Go transport): `connect`
+    seconds to connect (0: none), and no read or write limit: a peer's `responseHeader` is
+    the caller's bound on the wait for the head, and a body, as in llama-swap, may be as
+    slow as the peer likes."""
+    return httpx.Timeout(connect or None, read=None, write=None, pool=None).as_dict()
+
+
 async def send(method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes,
-               idle: float, *, fresh: bool = False) -> httpx.Response:
+               idle: float, *, fresh: bool = False,
+               timeouts: dict[str, float | None] | None = None) -> httpx.Response:
     """Send one request and return its response once the head has arrived; its body is
     `response.stream`, read by the caller as it comes. Raises httpx's `TransportError`s
-    with aiohttp's error as their cause (`failure` says what they were)."""
+    with aiohttp's error as their cause (`failure` says what they were). `timeouts`
+    replaces the local upstream's (`idle`) for a peer (`peer_timeout`)."""
     if fresh:
         headers = [*headers, _CLOSE]
     return await transport(fresh).handle_async_request(httpx.Request(
         method, _url(url), headers=headers, content=body,
-        extensions={"timeout": timeout(idle)}))
+        extensions={"timeout": timeouts if timeouts is not None else timeout(idle)}))
 
 
 @functools.lru_cache(maxsize=1024)
