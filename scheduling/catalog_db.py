@@ -3,12 +3,24 @@ ORM. `build_catalog` runs on the proxy's database thread (gpuproxy/shell/runtime
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from django.db.models import Count, Max
 
-from scheduling.catalog import Catalog, CatalogModel
+from scheduling.catalog import (
+    Catalog,
+    CatalogModel,
+    CatalogPeer,
+    CatalogProfile,
+    CatalogSelector,
+)
 from scheduling.core.swapper import Group
+from scheduling.llamaswap.parsed import PEER_TIMEOUTS
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
 from scheduling.ports import allocate_ports
+from scheduling.routing_checks import RoutingView, peer_of, selector_of
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
 
 def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
@@ -29,8 +41,26 @@ def fingerprint() -> tuple:
     models = ModelDefinition.objects.aggregate(n=Count("id"), last=Max("updated_at"))
     groups = tuple(ModelGroup.objects.order_by("group_id").values_list(
         "group_id", "swap", "exclusive", "persistent"))
-    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name", "admin"))
-    return (version, models["n"], models["last"], groups, keys)
+    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name", "admin",
+                                                                  "trusted_peer"))
+    return (version, models["n"], models["last"], groups, keys, _routing_digest())
+
+
+def _routing_digest() -> str:
+    """The routing tables in one SHA-256: every column, so any admin edit shows, and no
+    peer's key kept in the fingerprint itself."""
+    rows = [list(MatrixSet.objects.order_by("position", "name").values_list(
+                "name", "dsl", "position")),
+            list(Peer.objects.order_by("peer_id").values()),
+            list(Selector.objects.order_by("selector_id").values()),
+            list(Profile.objects.order_by("name").values())]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _strip_params(text: str) -> tuple[str, ...]:
+    """llama-swap's `SanitizedStripParams`: trimmed, no blanks, no duplicates, never
+    `model`, sorted."""
+    return tuple(sorted({p.strip() for p in text.split(",")} - {"", "model"}))
 
 
 def build_catalog() -> Catalog:
@@ -78,9 +108,33 @@ def build_catalog() -> Catalog:
               swap=g.swap, exclusive=g.exclusive, persistent=g.persistent)
         for g in ModelGroup.objects.prefetch_related("members")
     )
-    keys = list(ApiKey.objects.values_list("key_hash", "name", "admin"))
-    api_keys = {digest: name for digest, name, _ in keys}
-    admin_keys = frozenset(digest for digest, _, admin in keys if admin)
+    keys = list(ApiKey.objects.values_list("key_hash", "name", "admin", "trusted_peer"))
+    api_keys = {digest: name for digest, name, _, _ in keys}
+    admin_keys = frozenset(digest for digest, _, admin, _ in keys if admin)
+    peer_rows = list(Peer.objects.order_by("peer_id"))
+    peers = {p.peer_id: CatalogPeer(
+        peer_id=p.peer_id, proxy=p.proxy, api_key=p.api_key,
+        models=tuple(dict.fromkeys(p.models_list or ())),
+        strip_params=_strip_params(p.strip_params),
+        set_params={k: v for k, v in (p.set_params or {}).items() if k != "model"},
+        timeouts={k: float(v) for k, v in {**PEER_TIMEOUTS, **(p.timeouts or {})}.items()},
+        priority_forward=p.priority_forward) for p in peer_rows}
+    # Selector targets resolve against the models in force: a disabled or undefined target
+    # is left out, and a selector with none left is not offered at all (404, as any name).
+    view = RoutingView(models=frozenset(models), aliases=aliases,
+                       peers=tuple(peer_of(p) for p in peer_rows))
+    selectors: dict[str, CatalogSelector] = {}
+    for row in Selector.objects.order_by("selector_id"):
+        sel = selector_of(row)
+        resolved = tuple(dict.fromkeys(r for t in sel.targets if (r := view.resolve(t))))
+        if resolved:
+            selectors[sel.selector_id] = CatalogSelector(
+                selector_id=sel.selector_id, strategy=sel.strategy, targets=sel.targets,
+                resolved=resolved, spillover=sel.spillover, name=sel.name,
+                description=sel.description, unlisted=sel.unlisted, metadata=sel.metadata)
+    profiles = {p.name: CatalogProfile(name=p.name, description=p.description,
+                                       pins={k: v or None for k, v in (p.pins or {}).items()})
+                for p in Profile.objects.order_by("name")}
     return Catalog(
         models=models,
         aliases=aliases,
@@ -99,5 +153,15 @@ def build_catalog() -> Catalog:
                               if (n := getattr(settings, f"max_waiting_{b}"))},
         queue_timeout=float(settings.queue_timeout),
         capture_buffer_mb=settings.capture_buffer_mb,
+        router=settings.router,
+        matrix_vars=dict(settings.matrix_vars or {}),
+        matrix_evict_costs=dict(settings.matrix_evict_costs or {}),
+        matrix_sets=tuple(MatrixSet.objects.order_by("position", "name").values_list(
+            "name", "dsl")),
+        peers=peers,
+        selectors=selectors,
+        profiles=profiles,
+        active_profile=settings.active_profile if settings.active_profile in profiles else "",
+        trusted_peer_keys=frozenset(digest for digest, _, _, peer in keys if peer),
         fingerprint=stamp,
     )

@@ -32,6 +32,7 @@ from scheduling.models import (
     ModelGroup,
     ProxySettings,
 )
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
 
 def same_as_stored(a: Any, b: Any) -> bool:
@@ -115,9 +116,15 @@ def export_config() -> dict[str, Any]:
 
 def _restored() -> Restored:
     last = ConfigImport.last()
-    keys = [ExportKey(name=k.name, sha256=k.key_hash, prefix=k.prefix, admin=k.admin)
+    keys = [ExportKey(name=k.name, sha256=k.key_hash, prefix=k.prefix, admin=k.admin,
+                      peer=k.trusted_peer)
             for k in ApiKey.objects.order_by("name")]
-    return restore(_llamaswap_routing(plain_export()), last.meaning if last else {}, keys)
+    restored = restore(_llamaswap_routing(plain_export()), last.meaning if last else {}, keys)
+    router = restored.data.get("routing", {}).get("router")
+    if router is not None and "groups" in restored.data:
+        # llama-swap refuses top-level groups beside routing.router: they go under it
+        router.setdefault("settings", {})["groups"] = restored.data.pop("groups")
+    return restored
 
 
 def _llamaswap_routing(plain: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +140,10 @@ def _llamaswap_routing(plain: dict[str, Any]) -> dict[str, Any]:
     if settings:
         out["settings"] = settings
     trimmed = {k: v for k, v in plain.items() if k != "routing"}
-    if out:
-        trimmed["routing"] = {"scheduler": out}
+    routing = {k: v for k, v in (("router", plain["routing"].get("router")),
+                                 ("scheduler", out)) if v}
+    if routing:
+        trimmed["routing"] = routing
     return trimmed
 
 
@@ -186,12 +195,50 @@ def plain_export() -> dict[str, Any]:
     if priority:
         scheduler_settings["fifo"] = {"priority": priority}
     out["routing"] = {"scheduler": {"use": s.scheduler, "settings": scheduler_settings}}
+    matrix = {k: v for k, v in (
+        ("vars", s.matrix_vars),
+        ("evict_costs", s.matrix_evict_costs),
+        ("sets", dict(MatrixSet.objects.order_by("position", "name").values_list("name",
+                                                                               "dsl")))) if v}
+    if s.router != "group" or matrix:
+        out["routing"]["router"] = {"use": s.router, **({"settings": {"matrix": matrix}}
+                                                         if matrix else {})}
     if s.preload:
         out["hooks"] = {"on_startup": {"preload": list(s.preload)}}
+    out.update(_export_routing())
     keys = list(ApiKey.objects.order_by("name"))
     if keys:
         out["apiKeyHashes"] = [{"name": k.name, "sha256": k.key_hash, "prefix": k.prefix,
-                                "admin": k.admin} for k in keys]
+                                "admin": k.admin, "peer": k.trusted_peer} for k in keys]
+    return out
+
+
+def _export_routing() -> dict[str, Any]:
+    """`peers`, `selectors` and `profiles` in llama-swap's shape, defaults left out."""
+    out: dict[str, Any] = {}
+    peers = {}
+    for p in Peer.objects.order_by("peer_id"):
+        filters = {k: v for k, v in (("stripParams", p.strip_params),
+                                     ("setParams", p.set_params)) if v}
+        peers[p.peer_id] = {k: v for k, v in (
+            ("proxy", p.proxy), ("apiKey", p.api_key), ("models", list(p.models_list)),
+            ("filters", filters), ("timeouts", p.timeouts),
+            ("priorityForward", "" if p.priority_forward == "header" else p.priority_forward),
+        ) if v}
+    selectors = {}
+    for sel in Selector.objects.order_by("selector_id"):
+        selectors[sel.selector_id] = {k: v for k, v in (
+            ("strategy", sel.strategy), ("targets", list(sel.targets)),
+            ("settings", {"spillover": sel.spillover} if sel.spillover != 1 else {}),
+            ("name", sel.name), ("description", sel.description), ("unlisted", sel.unlisted),
+            ("metadata", sel.metadata)) if v}
+    profiles = {p.name: {k: v for k, v in (("description", p.description),
+                                           ("pins", {n: t or None for n, t in p.pins.items()}))
+                         if v}
+                for p in Profile.objects.order_by("name")}
+    for key, section in (("peers", peers), ("selectors", selectors), ("profiles", profiles)):
+        if section:
+            out[key] = section
     return out
 
 
@@ -230,14 +277,15 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     lines: list[str] = []
     old_s: dict[str, Any] = {}
     new_s: dict[str, Any] = {}
-    skip = ("models", "groups", "apiKeyHashes", "apiKeys")
+    skip = ("models", "groups", "apiKeyHashes", "apiKeys", "peers", "selectors", "profiles")
     _flatten({k: v for k, v in before.items() if k not in skip}, "", old_s)
     _flatten({k: v for k, v in after.items() if k not in skip}, "", new_s)
     for key in sorted(old_s.keys() | new_s.keys()):
         a, b = old_s.get(key), new_s.get(key)
         if not same_as_stored(a, b):
             lines.append(f"settings: {key} {_show(a)} -> {_show(b)}")
-    for kind, section in (("model", "models"), ("group", "groups")):
+    for kind, section in (("model", "models"), ("group", "groups"), ("peer", "peers"),
+                          ("selector", "selectors"), ("profile", "profiles")):
         old_e, new_e = before.get(section) or {}, after.get(section) or {}
         for name in sorted(old_e.keys() | new_e.keys()):
             if name not in new_e:
@@ -264,10 +312,11 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
         elif digest not in old_k:
             lines.append(f"api key {new_k[digest]['name']!r} added")
         else:
-            for key in ("name", "prefix", "admin"):
-                if old_k[digest][key] != new_k[digest][key]:
+            for key in ("name", "prefix", "admin", "peer"):
+                if old_k[digest].get(key) != new_k[digest].get(key):
                     lines.append(f"api key {new_k[digest]['name']!r}: {key} "
-                                 f"{_show(old_k[digest][key])} -> {_show(new_k[digest][key])}")
+                                 f"{_show(old_k[digest].get(key))} -> "
+                                 f"{_show(new_k[digest].get(key))}")
     return lines
 
 

@@ -43,6 +43,8 @@ from scheduling.models import (
     hash_key,
     key_prefix,
 )
+from scheduling.routing_checks import check_parsed
+from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, derive_parallel
 
 # Model field -> where it lives in the YAML, for ConfigError paths.
@@ -71,10 +73,21 @@ _SETTINGS_PATHS = {
     "max_waiting_normal": "queue.maxWaitingPerBand.normal",
     "max_waiting_batch": "queue.maxWaitingPerBand.batch",
     "preload": "hooks.on_startup.preload", "capture_buffer_mb": "captureBuffer",
+    "router": "routing.router.use", "matrix_vars": "routing.router.settings.matrix.vars",
+    "matrix_evict_costs": "routing.router.settings.matrix.evict_costs",
 }
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
                 "persistent": "persistent"}
-_KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix", "admin": "admin"}
+_KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix", "admin": "admin",
+              "trusted_peer": "peer"}
+_PEER_PATHS = {"peer_id": "", "proxy": "proxy", "api_key": "apiKey", "models_list": "models",
+               "strip_params": "filters.stripParams", "set_params": "filters.setParams",
+               "timeouts": "timeouts", "priority_forward": "priorityForward"}
+_SELECTOR_PATHS = {"selector_id": "", "strategy": "strategy", "targets": "targets",
+                   "spillover": "settings.spillover", "name": "name",
+                   "description": "description", "unlisted": "unlisted",
+                   "metadata": "metadata"}
+_PROFILE_PATHS = {"name": "", "description": "description", "pins": "pins"}
 
 
 @dataclass(frozen=True)
@@ -175,8 +188,13 @@ def import_config(parsed: ParsedConfig, *, dry_run: bool = False,
     try:
         with transaction.atomic():
             before = plain_export()
-            report = _Import(parsed).run(dry_run)
-            report = replace(report, changes=describe_changes(before, plain_export()))
+            importer = _Import(parsed)
+            report = importer.run(dry_run)
+            changes = describe_changes(before, plain_export())
+            if importer.cleared_profile:
+                changes.append(f"settings: active profile {importer.cleared_profile!r} "
+                               "cleared (the file no longer defines it)")
+            report = replace(report, changes=changes)
             if dry_run:
                 raise _RollBack(report)
             if source is not None:
@@ -197,6 +215,10 @@ def _record(source: Source, parsed: ParsedConfig) -> None:
         content_hash=source.content_hash, imported_at=timezone.now(),
         managed={"models": sorted(m.model_id for m in parsed.models),
                  "groups": sorted(g.group_id for g in parsed.groups),
+                 "matrix_sets": [name for name, _ in parsed.matrix_sets],
+                 "peers": sorted(p.peer_id for p in parsed.peers),
+                 "selectors": sorted(s.selector_id for s in parsed.selectors),
+                 "profiles": sorted(p.name for p in parsed.profiles),
                  "api_keys": sorted({*map(hash_key, parsed.api_keys),
                                      *(k.sha256 for k in parsed.api_key_hashes)})},
         meaning=capture(raw_document(source), parsed, plain_export()),
@@ -235,14 +257,17 @@ class _Import:
         self.written = 0
         self.deleted = 0
         self.warnings: list[str] = []  # the import's own, after the parser's
+        self.cleared_profile = ""  # the active profile, when the file no longer defines it
 
     def run(self, dry_run: bool) -> ImportReport:
         parsed = self.parsed
+        self.warnings += check_parsed(parsed)
         self.settings()
         self.delete_stale()
         groups = self.groups()
         self.models(groups)
         keys = self.api_keys()
+        self.routing()
         derived = tuple((m.model_id, derive_parallel(m.cmd, m.env))
                         for m in sorted(parsed.models, key=lambda m: m.model_id)
                         if m.parallel is None)
@@ -272,7 +297,16 @@ class _Import:
             "capture_buffer_mb": s.capture_buffer_mb,
             **{f"max_waiting_{b}": s.max_waiting_per_band.get(b, 0)
                for b in ("interactive", "normal", "batch")},
+            "router": s.router, "matrix_vars": dict(s.matrix_vars),
+            "matrix_evict_costs": dict(s.matrix_evict_costs),
         })
+        profiles = {p.name for p in self.parsed.profiles}
+        if row.active_profile and row.active_profile not in profiles:
+            # llama-swap selects no profile after a reload; ours is a setting, kept while
+            # the profile exists, since the admin or the API chose it on purpose
+            self.cleared_profile = row.active_profile
+            row.active_profile = ""
+            changed = True
         _full_clean(row, "", _SETTINGS_PATHS)
         self.save(row, changed)
 
@@ -284,6 +318,12 @@ class _Import:
         self.deleted += ModelGroup.objects.exclude(
             group_id__in=[g.group_id for g in parsed.groups]).delete()[0]
         self.deleted += ApiKey.objects.exclude(key_hash__in=list(self._keys())).delete()[0]
+        for model, key, names in (
+                (MatrixSet, "name", [name for name, _ in parsed.matrix_sets]),
+                (Peer, "peer_id", [p.peer_id for p in parsed.peers]),
+                (Selector, "selector_id", [s.selector_id for s in parsed.selectors]),
+                (Profile, "name", [p.name for p in parsed.profiles])):
+            self.deleted += model.objects.exclude(**{f"{key}__in": names}).delete()[0]
 
     def groups(self) -> dict[str, ModelGroup]:
         existing = {g.group_id: g for g in ModelGroup.objects.all()}
@@ -323,16 +363,17 @@ class _Import:
             _full_clean(row, f"models.{model.model_id}", _MODEL_PATHS)
             self.save(row, changed)
 
-    def _keys(self) -> dict[str, tuple[str, str | None, bool | None]]:
-        """sha256 -> (row name, prefix or None to keep the stored one, admin or None to keep
-        the stored one), in file order."""
-        keys: dict[str, tuple[str, str | None, bool | None]] = {}
+    def _keys(self) -> dict[str, tuple[str, str | None, bool | None, bool | None]]:
+        """sha256 -> (row name, prefix, admin, trusted peer), in file order; None keeps
+        what the database has."""
+        keys: dict[str, tuple[str, str | None, bool | None, bool | None]] = {}
         for key in self.parsed.api_keys:
             digest = hash_key(key)
             keys[digest] = (api_key_name(key), key_prefix(key),
-                            self.parsed.plain_key_admin.get(digest))
+                            self.parsed.plain_key_admin.get(digest),
+                            self.parsed.plain_key_peer.get(digest))
         for entry in self.parsed.api_key_hashes:
-            keys[entry.sha256] = (entry.name, entry.prefix, entry.admin)
+            keys[entry.sha256] = (entry.name, entry.prefix, entry.admin, entry.peer)
         return keys
 
     def api_keys(self) -> int:
@@ -343,18 +384,20 @@ class _Import:
         existing = {k.key_hash: k for k in ApiKey.objects.all()}
         # Names are unique too: park renamed rows on a placeholder so a swap of two names
         # does not trip over itself.
-        for digest, (name, _, _) in keys.items():
+        for digest, (name, _, _, _) in keys.items():
             row = existing.get(digest)
             if row is not None and row.name != name:
                 ApiKey.objects.filter(pk=row.pk).update(name=f"~import-{row.pk}")
         admins = 0
-        for index, (digest, (name, prefix, admin)) in enumerate(keys.items()):
+        for index, (digest, (name, prefix, admin, peer)) in enumerate(keys.items()):
             row = existing.get(digest) or ApiKey(key_hash=digest)
             values: dict[str, Any] = {"name": name}
             if prefix is not None:
                 values["prefix"] = prefix
             if admin is not None:
                 values["admin"] = admin
+            if peer is not None:
+                values["trusted_peer"] = peer
             changed = _assign(row, values)
             _full_clean(row, _key_path(self.parsed, index), _KEY_PATHS)
             self.save(row, changed)
@@ -366,6 +409,47 @@ class _Import:
                 "/upstream/… or the commands in /running; mark one with `admin: true` under "
                 "apiKeyHashes (or tick Admin on it in the admin)")
         return len(keys)
+
+    def routing(self) -> None:
+        """The matrix's sets (in order), peers, selectors and profiles, by their ids."""
+        parsed = self.parsed
+        sets = {m.name: m for m in MatrixSet.objects.all()}
+        base = "routing.router.settings.matrix.sets"
+        for position, (name, dsl) in enumerate(parsed.matrix_sets):
+            set_row = sets.get(name) or MatrixSet(name=name)
+            changed = _assign(set_row, {"dsl": dsl, "position": position})
+            _full_clean(set_row, f"{base}.{name}", {"name": "", "dsl": "", "position": ""})
+            self.save(set_row, changed)
+        peers = {p.peer_id: p for p in Peer.objects.all()}
+        for peer in parsed.peers:
+            peer_row = peers.get(peer.peer_id) or Peer(peer_id=peer.peer_id)
+            changed = _assign(peer_row, {
+                "proxy": peer.proxy, "api_key": peer.api_key, "models_list": list(peer.models),
+                "strip_params": peer.strip_params, "set_params": _json(peer.set_params),
+                "timeouts": dict(peer.timeouts), "priority_forward": peer.priority_forward})
+            _full_clean(peer_row, f"peers.{peer.peer_id}", _PEER_PATHS)
+            self.save(peer_row, changed)
+        selectors = {s.selector_id: s for s in Selector.objects.all()}
+        for sel in parsed.selectors:
+            sel_row = selectors.get(sel.selector_id) or Selector(selector_id=sel.selector_id)
+            changed = _assign(sel_row, {
+                "strategy": sel.strategy, "targets": list(sel.targets),
+                "spillover": sel.spillover, "name": sel.name, "description": sel.description,
+                "unlisted": sel.unlisted, "metadata": _json(sel.metadata)})
+            _full_clean(sel_row, f"selectors.{sel.selector_id}", _SELECTOR_PATHS)
+            self.save(sel_row, changed)
+        profiles = {p.name: p for p in Profile.objects.all()}
+        for profile in parsed.profiles:
+            prof_row = profiles.get(profile.name) or Profile(name=profile.name)
+            changed = _assign(prof_row, {"description": profile.description,
+                                    "pins": dict(profile.pins)})
+            _full_clean(prof_row, f"profiles.{profile.name}", _PROFILE_PATHS)
+            self.save(prof_row, changed)
+
+
+def _json(value: Any) -> Any:
+    """Plain JSON data, as the database will give it back (so `_assign` compares alike)."""
+    return json.loads(json.dumps(value))
 
 
 def _model_values(m: ParsedModel) -> dict[str, Any]:

@@ -71,6 +71,18 @@ def capture(raw: Mapping[str, Any], parsed: ParsedConfig, plain: Mapping[str, An
                 models[model_id]["macros"] = entry["macros"]
     if models:
         meaning["models"] = models
+    peers = {}
+    plain_peers = plain.get("peers") or {}
+    raw_peers = raw.get("peers") if isinstance(raw.get("peers"), dict) else {}
+    for peer_id, entry in (raw_peers or {}).items():
+        if isinstance(entry, dict) and peer_id in plain_peers:
+            # the apiKey as `${env.X}`: the reference is written back, never the key
+            values = {key: {"raw": value, "sha256": digest(plain_peers[peer_id].get(key))}
+                      for key, value in entry.items() if _uses_refs(value)}
+            if values:
+                peers[peer_id] = values
+    if peers:
+        meaning["peers"] = peers
     keys = []
     for entry in raw.get("apiKeys") or []:
         # only a whole reference: "sk-${env.X}" would keep part of the key in the database
@@ -107,6 +119,7 @@ class ExportKey:
     sha256: str
     prefix: str
     admin: bool
+    peer: bool = False  # a trusted peer (`peer: true`)
 
 
 @dataclass
@@ -148,6 +161,11 @@ def restore(plain: dict[str, Any], meaning: Mapping[str, Any],
         head = {"macros": kept["macros"]} if kept.get("macros") else {}
         models[model_id] = {**head, **{k: restored.get(k, v) for k, v in entry.items()},
                             **{k: v for k, v in restored.items() if k not in entry}}
+    for peer_id, kept_values in (meaning.get("peers") or {}).items():
+        peer = (data.get("peers") or {}).get(peer_id)
+        if peer is not None:
+            peer.update({key: v["raw"] for key, v in kept_values.items()
+                         if digest(peer.get(key)) == v["sha256"]})
     known = _known_names(models)
     out: dict[str, Any] = {}
     for name, value in data.items():
@@ -197,13 +215,15 @@ def restore(plain: dict[str, Any], meaning: Mapping[str, Any],
     for key in keys:
         if key.sha256 in refs:
             result.api_keys.append(refs[key.sha256])
-            if key.admin and key.name == f"config-{key.sha256[:8]}":
+            if (key.admin or key.peer) and key.name == f"config-{key.sha256[:8]}":
                 # its rank, beside the reference (api_keys.py reads the pair by that name)
-                hashed.append({"name": key.name, "sha256": key.sha256, "admin": True})
+                hashed.append({"name": key.name, "sha256": key.sha256,
+                               **({"admin": True} if key.admin else {}),
+                               **({"peer": True} if key.peer else {})})
             continue
         result.unwritable.append(key)
         hashed.append({"name": key.name, "sha256": key.sha256, "prefix": key.prefix,
-                       "admin": key.admin})
+                       "admin": key.admin, **({"peer": True} if key.peer else {})})
         result.warnings.append(
             f"API key {key.name!r} ({key.prefix}…): its value is not stored (only its "
             "SHA-256), so the exported file has no usable key for it: llama-swap ignores "

@@ -9,9 +9,22 @@ that is not a model) is the importer's and the admin's, through `scheduling/rout
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.exceptions import ValidationError
 from django.db import models
 
+from scheduling.core.matrix import MatrixError, parse_dsl
+from scheduling.llamaswap.errors import ConfigError
+from scheduling.llamaswap.parsed import PEER_TIMEOUTS, SELECTOR_STRATEGIES
+from scheduling.llamaswap.peers import check_peer_url
+
 ID_MAX = 255
+
+
+def _names(value: Any) -> bool:
+    """A JSON list of non-blank strings."""
+    return isinstance(value, list) and all(isinstance(v, str) and v.strip() for v in value)
 
 
 class MatrixSet(models.Model):
@@ -37,6 +50,16 @@ class MatrixSet(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dsl}"
+
+    def clean(self) -> None:
+        """The expression's syntax; the names in it are checked against the models with the
+        other sets by scheduling/routing_checks.py."""
+        if not self.name.strip():
+            raise ValidationError({"name": "A set needs a name."})
+        try:
+            parse_dsl(self.dsl or "")
+        except MatrixError as exc:
+            raise ValidationError({"dsl": f"set {self.name!r}: {exc}"}) from None
 
 
 class Peer(models.Model):
@@ -84,6 +107,32 @@ class Peer(models.Model):
     def __str__(self) -> str:
         return self.peer_id
 
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if not self.peer_id.strip():
+            errors["peer_id"] = "A peer needs an id: its models are addressed as <id>/<model>."
+        try:
+            check_peer_url((self.proxy or "").strip(), "proxy")
+        except ConfigError as exc:
+            errors["proxy"] = exc.message
+        if any(c.isspace() for c in self.api_key or ""):
+            errors["api_key"] = "The key contains a space or line break."
+        if not self.models_list or not _names(self.models_list):
+            errors["models_list"] = ('List the model names the peer serves, e.g. '
+                                     '["llama-3.1-8b"]; peer models can not be empty.')
+        if not isinstance(self.set_params, dict):
+            errors["set_params"] = 'A mapping of body keys to values, e.g. {"top_p": 0.9}.'
+        elif "model" in self.set_params:
+            errors["set_params"] = "`model` is protected: it is always the peer's model name."
+        timeouts = self.timeouts
+        if not isinstance(timeouts, dict) or any(
+                k not in PEER_TIMEOUTS or isinstance(v, bool) or not isinstance(v, int) or v < 0
+                for k, v in timeouts.items()):
+            errors["timeouts"] = ("Whole seconds (0 disables one) for "
+                                  f"{', '.join(PEER_TIMEOUTS)}, e.g. {{\"responseHeader\": 120}}.")
+        if errors:
+            raise ValidationError(errors)
+
 
 class Selector(models.Model):
     """`selectors.<id>`: a virtual model name that picks one of its targets per request."""
@@ -116,6 +165,24 @@ class Selector(models.Model):
     def __str__(self) -> str:
         return self.selector_id
 
+    def clean(self) -> None:
+        """The selector on its own; what its targets name is scheduling/routing_checks.py's."""
+        errors: dict[str, str] = {}
+        if not self.selector_id.strip():
+            errors["selector_id"] = "A selector needs an id: the name clients send."
+        if self.strategy not in SELECTOR_STRATEGIES:
+            errors["strategy"] = (f"Unknown strategy {self.strategy!r} (valid: "
+                                  f"{', '.join(SELECTOR_STRATEGIES)}).")
+        if not self.targets or not _names(self.targets):
+            errors["targets"] = ('List at least one target (a model, alias or peer model), '
+                                 'e.g. ["big-coder", "small-coder"].')
+        if self.strategy == "spillover" and (self.spillover or 0) < 1:
+            errors["spillover"] = "A spillover selector needs spillover >= 1."
+        if not isinstance(self.metadata, dict):
+            errors["metadata"] = 'A mapping, e.g. {"purpose": "coding"}.'
+        if errors:
+            raise ValidationError(errors)
+
 
 class Profile(models.Model):
     """`profiles.<name>`: model names pinned to other targets while the profile is active
@@ -134,3 +201,15 @@ class Profile(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if not self.name.strip():
+            raise ValidationError({"name": "A profile needs a name."})
+        pins = self.pins
+        if not isinstance(pins, dict) or not pins:
+            raise ValidationError({"pins": 'At least one pin: requested name → target, e.g. '
+                                           '{"llm-code": "big-coder"}; null disables a name.'})
+        for name, target in pins.items():
+            if not name.strip() or not (target is None or isinstance(target, str)):
+                raise ValidationError({"pins": f"Pin {name!r}: names must not be blank, and a "
+                                               "target is a name, \"\" or null."})

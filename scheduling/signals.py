@@ -45,8 +45,10 @@ def _reload() -> None:
 
 def connect() -> None:
     from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+    from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
-    for model in (ModelDefinition, ModelGroup, ProxySettings, ApiKey):
+    for model in (ModelDefinition, ModelGroup, ProxySettings, ApiKey, MatrixSet, Peer,
+                  Selector, Profile):
         post_save.connect(_changed, sender=model, dispatch_uid=f"gpuproxy-live-{model.__name__}")
         post_delete.connect(_changed, sender=model,
                             dispatch_uid=f"gpuproxy-live-del-{model.__name__}")

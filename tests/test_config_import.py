@@ -407,7 +407,13 @@ def test_export_is_llama_swap_shaped_and_holds_no_plain_keys():
     assert data["models"]["whisper"]["cmdStop"] == "kill -INT ${PID}"
     assert data["models"]["llama-8b"]["aliases"] == ["chat", "gpt-4o-mini"]
     assert data["models"]["qwen-coder"].get("aliases") is None  # they come from setParamsByID
-    assert data["groups"]["coders"]["members"] == ["qwen-coder", "vllm-32b"]
+    # beside the fixture's matrix (kept, unused, under `use: group`) the groups go under
+    # routing.router too: llama-swap refuses top-level groups next to routing.router
+    assert "groups" not in data
+    router = data["routing"]["router"]
+    assert router["settings"]["groups"]["coders"]["members"] == ["qwen-coder", "vllm-32b"]
+    assert (router["use"], router["settings"]["matrix"]) == (
+        "group", {"vars": {"l": "llama-8b", "q": "qwen-coder"}, "sets": {"day": "l & q"}})
     assert data["hooks"] == {"on_startup": {"preload": ["llama-8b"]}}
     assert {k["sha256"] for k in data["apiKeyHashes"]} == {
         sha("sk-alice-7f3a"), sha("sk-ci-5150"), GRAFANA_SHA}

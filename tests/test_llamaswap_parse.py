@@ -48,10 +48,10 @@ def test_fixture_warns_about_exactly_what_gpuproxy_does_not_honour():
     assert warned_paths(parsed) == {
         "healthCheckTimeout", "logLevel", "logTimeFormat", "logToStdout", "logRequests",
         "metricsMaxInMemory", "store", "ui", "upstream.ignorePaths",
-        "profiles", "selectors", "peers", "apiKeys[2]",
+        "apiKeys[2]",
         "models.llama-8b.filters.setParams.model", "models.qwen-coder.timeouts",
         "models.qwen-coder.compat", "models.embed.healthCheckTimeout", "models.whisper.colour",
-        "hooks.on_startup.preload[1]", "routing.router.settings.matrix",
+        "hooks.on_startup.preload[1]",
         "routing.scheduler.settings.serial.swapAffinityBonus",
     }, parsed.warnings
 
@@ -535,7 +535,7 @@ def test_unknown_group_member_is_skipped_with_a_warning():
     assert "groups.g.members[1]" in warned_paths(parsed)
 
 
-def test_matrix_router_falls_back_to_groups_with_a_warning():
+def test_matrix_router_is_read_without_a_warning():
     parsed = parse("""
         models:
           a: {cmd: s}
@@ -547,17 +547,19 @@ def test_matrix_router_falls_back_to_groups_with_a_warning():
               matrix: {sets: {s1: "a & b"}}
         """)
     assert parsed.groups == ()
-    assert {"routing.router.use", "routing.router.settings.matrix"} <= warned_paths(parsed)
+    assert (parsed.settings.router, parsed.matrix_sets) == ("matrix", (("s1", "a & b"),))
+    assert not any("matrix" in w for w in parsed.warnings), parsed.warnings
 
 
-def test_top_level_matrix_warns():
+def test_top_level_matrix_is_the_matrix_router():
     parsed = parse("""
         models:
           a: {cmd: s}
         matrix:
           sets: {s1: "a"}
         """)
-    assert "matrix" in warned_paths(parsed)
+    assert (parsed.settings.router, parsed.matrix_sets) == ("matrix", (("s1", "a"),))
+    assert not any("matrix" in w for w in parsed.warnings), parsed.warnings
 
 
 def test_scheduler_defaults_to_serial():
@@ -794,10 +796,6 @@ def test_bad_api_keys_are_errors(snippet, path):
     ("ui: {activity: {session_id: []}}", "ui"),
     ("performance: {every: 10s, sampleGpus: true}", "performance.sampleGpus"),
     ("upstream: {ignorePaths: ['x']}", "upstream.ignorePaths"),
-    ("profiles: {p: {pins: {x: m}}}", "profiles"),
-    ("selectors: {s: {strategy: pin, targets: [m]}}", "selectors"),
-    ("peers: {p: {proxy: 'http://x', models: [y]}}", "peers"),
-    ("matrix: {sets: {s: m}}", "matrix"),
     ("somethingElse: 1", "somethingElse"),
 ])
 def test_each_unsupported_top_level_section_warns(snippet, path):
@@ -805,10 +803,14 @@ def test_each_unsupported_top_level_section_warns(snippet, path):
     assert path in warned_paths(parsed), parsed.warnings
 
 
-def test_peers_warning_says_its_models_are_unreachable():
-    parsed = parse("peers: {p: {proxy: 'http://x', models: [y]}}\nmodels: {}\n")
-    assert ("peers: not supported by gpuproxy; ignored (the models it lists are not "
-            "reachable)") in parsed.warnings
+@pytest.mark.parametrize("snippet", [
+    "profiles: {p: {pins: {x: m}}}",
+    "selectors: {s: {strategy: pin, targets: [m]}}",
+    "peers: {p: {proxy: 'http://x', models: [y]}}",
+    "matrix: {sets: {s: m}}",
+])
+def test_the_routing_sections_are_read_without_a_warning(snippet):
+    assert parse(f"{snippet}\nmodels:\n  m: {{cmd: 's --port ${{PORT}}'}}\n").warnings == []
 
 
 @pytest.mark.parametrize(("snippet", "path"), [

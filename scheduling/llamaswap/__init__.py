@@ -14,11 +14,13 @@ and the importer only has to copy fields. The rules follow llama-swap's own load
    `cmdStop` for the process manager.
 4. Anything still written `${...}` is an error that names the key and what to do.
 
-Where gpuproxy cannot honour a section (matrix, peers, profiles, ...) it says so in a warning
-instead of dropping it silently (errors.py); `docs/configuration.md` lists the differences.
+Where gpuproxy cannot honour a section or key (logLevel, store, ui, ...) it says so in a
+warning instead of dropping it silently (errors.py); `docs/configuration.md` lists the
+differences.
 
 The modules, by job: parser.py (the whole file, `parse_config`), reader.py (typed reading),
-model_entries.py, routing.py and api_keys.py (the sections), parsed.py (the result and its
+model_entries.py, routing.py (groups, the matrix, the scheduler, preload), peers.py,
+selectors.py (selectors and profiles) and api_keys.py (the sections), parsed.py (the result and its
 defaults), values.py (messages, Go's formatting, the JSON check). This package re-exports what
 the rest of gpuproxy imports, so importers name only `scheduling.llamaswap`.
 """
@@ -47,6 +49,9 @@ from scheduling.llamaswap.parsed import (
     ParsedConfig,
     ParsedGroup,
     ParsedModel,
+    ParsedPeer,
+    ParsedProfile,
+    ParsedSelector,
     ParsedSettings,
     Scalar,
     api_key_name,
@@ -77,6 +82,9 @@ __all__ = [
     "ParsedConfig",
     "ParsedGroup",
     "ParsedModel",
+    "ParsedPeer",
+    "ParsedProfile",
+    "ParsedSelector",
     "ParsedSettings",
     "Scalar",
     "api_key_name",

@@ -1,5 +1,6 @@
 """The `apiKeys` (plain) and `apiKeyHashes` (name + SHA-256) sections: keys checked for
-duplicates and names, and an exported plain key's `admin:` told apart from a new key.
+duplicates and names, and an exported plain key's `admin:` and `peer:` (a trusted peer,
+whose forwarded priority and arrival time are believed) told apart from a new key.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from scheduling.llamaswap.reader import Reader
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-def read_api_keys(r: Reader
-                  ) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...], dict[str, bool]]:
-    """`apiKeys` and `apiKeyHashes`: (plain keys, hashed keys, {sha256: admin} of exported
-    plain keys listed beside the key)."""
+def read_api_keys(r: Reader) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...],
+                                      dict[str, bool], dict[str, bool]]:
+    """`apiKeys` and `apiKeyHashes`: (plain keys, hashed keys, {sha256: admin} and
+    {sha256: trusted peer} of exported plain keys listed beside the key)."""
     plain: list[str] = []
     first_at: dict[str, int] = {}  # sha256 -> index in apiKeys
     names: dict[str, str] = {}  # name -> where it was given
@@ -39,14 +40,17 @@ def read_api_keys(r: Reader
         plain.append(key)
     hashed: list[ParsedApiKey] = []
     plain_admin: dict[str, bool] = {}
+    plain_peer: dict[str, bool] = {}
     plain_names = {api_key_name(k): h for k, h in zip(plain, first_at, strict=True)}
     seen_hashes = set(first_at)
     for i, raw in enumerate(r.seq(r.data.get("apiKeyHashes"), "apiKeyHashes")):
         where = f"apiKeyHashes[{i}]"
         raw = r.mapping(raw, where)
-        r.known_keys(raw, where, frozenset({"name", "sha256", "prefix", "admin"}))
+        r.known_keys(raw, where, frozenset({"name", "sha256", "prefix", "admin", "peer"}))
         admin = (None if raw.get("admin") is None
                  else r.boolean(raw.get("admin"), f"{where}.admin", False))
+        peer = (None if raw.get("peer") is None
+                else r.boolean(raw.get("peer"), f"{where}.peer", False))
         name = r.text(raw.get("name"), f"{where}.name")
         digest = r.text(raw.get("sha256"), f"{where}.sha256").lower()
         if not name or name != name.strip() or len(name) > API_KEY_NAME_MAX:
@@ -64,6 +68,8 @@ def read_api_keys(r: Reader
             # an export of a plain key listed next to the key itself: only its rank counts
             if admin is not None:
                 plain_admin[digest] = admin
+            if peer is not None:
+                plain_peer[digest] = peer
             continue
         if digest in seen_hashes:
             raise ConfigError(f"{where}.sha256", "the same key is already listed (under "
@@ -73,5 +79,6 @@ def read_api_keys(r: Reader
                                                "key names must be unique")
         seen_hashes.add(digest)
         names[name] = where
-        hashed.append(ParsedApiKey(name=name, sha256=digest, prefix=prefix, admin=admin))
-    return tuple(plain), tuple(hashed), plain_admin
+        hashed.append(ParsedApiKey(name=name, sha256=digest, prefix=prefix, admin=admin,
+                                   peer=peer))
+    return tuple(plain), tuple(hashed), plain_admin, plain_peer

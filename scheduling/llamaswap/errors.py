@@ -28,10 +28,6 @@ TOP_UNSUPPORTED = {
                           "the database)",
     "store": "not supported by gpuproxy; ignored (activity is stored in gpuproxy's database)",
     "ui": "not supported by gpuproxy; ignored (gpuproxy has its own admin pages)",
-    "profiles": "not supported by gpuproxy; ignored (requested model ids are never rewritten)",
-    "peers": "not supported by gpuproxy; ignored (the models it lists are not reachable)",
-    "matrix": "not supported by gpuproxy; ignored (models use groups; models in no group run "
-              "one at a time)",
 }
 
 MODEL_UNSUPPORTED = {

@@ -54,6 +54,9 @@ class ParsedSettings:
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
     queue_timeout: int = 0
     capture_buffer_mb: int = 0
+    router: str = "group"  # `routing.router.use` (or "matrix" for a top-level `matrix:`)
+    matrix_vars: dict[str, str] = field(default_factory=dict)
+    matrix_evict_costs: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,49 @@ class ParsedGroup:
     members: tuple[str, ...] = ()
 
 
+PEER_TIMEOUTS = {"connect": 30, "keepalive": 30, "responseHeader": 60, "tlsHandshake": 10,
+                 "expectContinue": 1, "idleConn": 90}  # llama-swap's defaults for a peer
+PRIORITY_FORWARD = ("header", "vllm", "service_tier", "none")
+SELECTOR_STRATEGIES = ("warm", "pin", "spillover")
+
+
+@dataclass(frozen=True)
+class ParsedPeer:
+    """`peers.<id>`; `timeouts` holds only what the file writes (the catalog adds defaults)."""
+
+    peer_id: str
+    proxy: str
+    models: tuple[str, ...]
+    api_key: str = field(default="", repr=False)
+    strip_params: str = ""
+    set_params: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, int] = field(default_factory=dict)
+    priority_forward: str = "header"
+
+
+@dataclass(frozen=True)
+class ParsedSelector:
+    """`selectors.<id>`, targets as written (scheduling/routing_checks.py resolves them)."""
+
+    selector_id: str
+    strategy: str
+    targets: tuple[str, ...]
+    spillover: int = 1
+    name: str = ""
+    description: str = ""
+    unlisted: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedProfile:
+    """`profiles.<name>`; a pin to None (YAML null or "") disables the requested name."""
+
+    name: str
+    pins: dict[str, str | None]
+    description: str = ""
+
+
 @dataclass(frozen=True)
 class ParsedApiKey:
     """An `apiKeyHashes` entry: a key known only by its SHA-256 (what export writes)."""
@@ -109,6 +155,7 @@ class ParsedApiKey:
     sha256: str
     prefix: str | None = None  # None = keep what the database has
     admin: bool | None = None  # `admin:` (gpuproxy); None = keep what the database has
+    peer: bool | None = None  # `peer:` (gpuproxy): a trusted peer; None = keep the database's
 
 
 @dataclass(frozen=True)
@@ -121,6 +168,12 @@ class ParsedConfig:
     api_key_hashes: tuple[ParsedApiKey, ...] = ()
     # `admin:` of an `apiKeyHashes` entry that is the export of a plain key listed beside it
     plain_key_admin: dict[str, bool] = field(default_factory=dict)  # sha256 -> admin
+    plain_key_peer: dict[str, bool] = field(default_factory=dict)  # sha256 -> trusted peer
+    # `routing.router.settings.matrix.sets` (or a top-level `matrix:`'s): (name, DSL) in order
+    matrix_sets: tuple[tuple[str, str], ...] = ()
+    peers: tuple[ParsedPeer, ...] = ()
+    selectors: tuple[ParsedSelector, ...] = ()
+    profiles: tuple[ParsedProfile, ...] = ()
     warnings: list[str] = field(default_factory=list)
 
 

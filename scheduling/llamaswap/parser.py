@@ -1,5 +1,7 @@
 """The whole file: top-level keys and settings, then each section in llama-swap's order
-(models, aliases, groups, scheduler, preload, API keys), into one `ParsedConfig`.
+(models, aliases, groups and the matrix, scheduler, preload, API keys, peers, selectors,
+profiles), into one `ParsedConfig`. What selectors, profiles and the matrix name is checked
+against the models by scheduling/routing_checks.py when the config is imported.
 
 `parse_config` is the entry point (re-exported by the package).
 """
@@ -24,8 +26,15 @@ from scheduling.llamaswap.parsed import (
     ParsedConfig,
     ParsedSettings,
 )
+from scheduling.llamaswap.peers import read_peers
 from scheduling.llamaswap.reader import Reader
-from scheduling.llamaswap.routing import read_groups, read_preload, read_routing_scheduler
+from scheduling.llamaswap.routing import (
+    read_groups,
+    read_matrix,
+    read_preload,
+    read_routing_scheduler,
+)
+from scheduling.llamaswap.selectors import read_profiles, read_selectors
 from scheduling.ports import MAX_PORT
 
 
@@ -34,16 +43,13 @@ def _parse(r: Reader) -> ParsedConfig:
     known_top = {"healthCheckTimeout", "startPort", "sendLoadingState",
                  "includeAliasesInList", "globalTTL", "unloadTimeout", "macros", "apiKeys",
                  "apiKeyHashes", "models", "groups", "routing", "hooks", "performance",
-                 "upstream", "selectors", "queue", "captureBuffer"}
+                 "upstream", "selectors", "queue", "captureBuffer", "peers", "profiles",
+                 "matrix"}
     for key in data:
         if key in TOP_UNSUPPORTED:
             r.warn(key, TOP_UNSUPPORTED[key])
         elif key not in known_top:
             r.known_keys({key: None}, "", frozenset())
-    if "selectors" in data:
-        names = ", ".join(repr(s) for s in r.mapping(data["selectors"], "selectors"))
-        r.warn("selectors", "not supported by gpuproxy; ignored (requests for "
-                            f"{names or 'them'} find no model)")
     _upstream(r)
     if "models" not in data:
         raise ConfigError("models", "required: add `models:` with at least one "
@@ -59,16 +65,20 @@ def _parse(r: Reader) -> ParsedConfig:
         return name if name in ids else alias_owner.get(name)
 
     groups, group_of = read_groups(r, real_id)
+    router, matrix_vars, matrix_costs, matrix_sets = read_matrix(r)
     scheduler, aging, bonus, priority = read_routing_scheduler(r, real_id)
     preload = read_preload(r, real_id)
     settings = replace(settings, scheduler=scheduler, aging_divisor=aging,
-                       swap_affinity_bonus=bonus, preload=preload)
+                       swap_affinity_bonus=bonus, preload=preload, router=router,
+                       matrix_vars=matrix_vars, matrix_evict_costs=matrix_costs)
     models = tuple(replace(m, group=group_of.get(m.model_id),
                            fifo_priority=priority.get(m.model_id, 0)) for m in models)
-    api_keys, api_key_hashes, plain_key_admin = read_api_keys(r)
+    api_keys, api_key_hashes, plain_key_admin, plain_key_peer = read_api_keys(r)
     return ParsedConfig(settings=settings, models=models, groups=groups, api_keys=api_keys,
                         api_key_hashes=api_key_hashes, plain_key_admin=plain_key_admin,
-                        warnings=r.warnings)
+                        plain_key_peer=plain_key_peer, matrix_sets=matrix_sets,
+                        peers=read_peers(r), selectors=read_selectors(r),
+                        profiles=read_profiles(r), warnings=r.warnings)
 
 
 def _upstream(r: Reader) -> None:

@@ -92,7 +92,7 @@ class Reader:
         """Why a name in groups/preload/priority matches nothing, for its warning."""
         selectors = self.data.get("selectors")
         if isinstance(selectors, dict) and name in selectors:
-            return f"{name!r} is a selector, which gpuproxy does not support"
+            return f"{name!r} is a selector, not a model"
         return f"{name!r} is not a model id or alias"
 
     def known_keys(self, mapping: Mapping[str, Any], path: str, known: frozenset[str]) -> None:

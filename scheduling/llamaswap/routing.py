@@ -1,6 +1,8 @@
-"""The sections that name models: `groups` (or `routing.router`), `routing.scheduler` and
-`hooks.on_startup.preload`. Each resolves a name to a model id through `real_id` (model ids
-and aliases, known once model_entries.py has run) and warns about names that match nothing.
+"""The sections that name models: `groups` (or `routing.router`), the matrix,
+`routing.scheduler` and `hooks.on_startup.preload`. Each resolves a name to a model id through
+`real_id` (model ids and aliases, known once model_entries.py has run) and warns about names
+that match nothing. The matrix is only read here: whether its sets compile against the models
+is scheduling/routing_checks.py's, which the admin shares.
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scheduling.llamaswap.errors import TOP_UNSUPPORTED, ConfigError
+from scheduling.core.matrix import VAR_NAME
+from scheduling.llamaswap.errors import ConfigError
 from scheduling.llamaswap.parsed import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SCHEDULER,
@@ -40,17 +43,14 @@ def read_groups(r: Reader, real_id: Callable[[str], str | None]
                                         "combined with routing.router; move them under "
                                         "routing.router.settings and remove the top-level "
                                         "key")
-    use = r.text(router.get("use"), "routing.router.use", "group")
+    use = r.text(router.get("use"), "routing.router.use", "group") or "group"
     if use not in ("group", "matrix"):
-        raise ConfigError("routing.router.use", f"unknown router {use!r}; use group "
-                                                "(matrix is not supported by gpuproxy)")
-    if use == "matrix":
-        r.warn("routing.router.use", "matrix is not supported by gpuproxy; using the "
-                                     "group router instead (groups under "
-                                     "routing.router.settings.groups apply; models in "
-                                     "no group run one at a time)")
-    if "matrix" in settings:
-        r.warn("routing.router.settings.matrix", TOP_UNSUPPORTED["matrix"])
+        raise ConfigError("routing.router.use", f"unknown router {use!r} (valid: group, "
+                                                "matrix)")
+    if data.get("groups") and data.get("matrix"):
+        raise ConfigError("matrix", "config cannot use both 'groups' and 'matrix'; keep one "
+                                    "(or move both under routing.router.settings and pick "
+                                    "one with routing.router.use)")
     if data.get("groups"):
         raw_groups, base = r.mapping(data["groups"], "groups"), "groups"
     else:
@@ -99,6 +99,59 @@ def read_groups(r: Reader, real_id: Callable[[str], str | None]
             members=tuple(members),
         ))
     return tuple(groups), group_of
+
+
+def read_matrix(r: Reader) -> tuple[str, dict[str, str], dict[str, int],
+                                    tuple[tuple[str, str], ...]]:
+    """The router in force and the matrix: (use, vars, evict_costs, sets in order).
+
+    A top-level `matrix:` (legacy) means `use: matrix`, as in llama-swap. With `use: group` a
+    matrix under `routing.router.settings` is read for its shape only, stored and exported
+    again, never used (llama-swap does not validate it either)."""
+    data = r.data
+    routing = r.mapping(data.get("routing"), "routing")
+    router = r.mapping(routing.get("router"), "routing.router")
+    settings = r.mapping(router.get("settings"), "routing.router.settings")
+    use = r.text(router.get("use"), "routing.router.use", "group") or "group"
+    if data.get("matrix") is not None:
+        raw, base, use = data["matrix"], "matrix", "matrix"
+    else:
+        raw, base = settings.get("matrix"), "routing.router.settings.matrix"
+        if use == "matrix" and raw is None:
+            raise ConfigError("routing.router.use", "is 'matrix' but "
+                                                    "routing.router.settings.matrix is not set; "
+                                                    "add the matrix's sets, or use: group")
+    matrix = r.mapping(raw, base)
+    r.known_keys(matrix, base, frozenset({"vars", "evict_costs", "sets"}))
+    variables: dict[str, str] = {}
+    for key, value in r.mapping(matrix.get("vars"), f"{base}.vars").items():
+        where = f"{base}.vars.{key}"
+        variables[key] = r.text(value, where)
+        r.no_macros(variables[key], where)
+        if use == "matrix" and not VAR_NAME.match(key):
+            raise ConfigError(where, f"var key {key!r} must contain only alphanumeric, '-' or "
+                                     "'.' characters and be 1-32 characters long")
+    costs: dict[str, int] = {}
+    for key, value in r.mapping(matrix.get("evict_costs"), f"{base}.evict_costs").items():
+        where = f"{base}.evict_costs.{key}"
+        costs[key] = r.integer(value, where, 1)
+        if use == "matrix" and costs[key] <= 0:
+            raise ConfigError(where, f"evict_cost for {key!r} must be a positive integer, got "
+                                     f"{costs[key]}")
+    if matrix.get("sets") is not None and not isinstance(matrix.get("sets"), dict):
+        raise ConfigError(f"{base}.sets", "sets must be a mapping of a name to an expression, "
+                                          "e.g. `standard: \"(g | q) & v\"`")
+    sets: list[tuple[str, str]] = []
+    for name, dsl in r.mapping(matrix.get("sets"), f"{base}.sets").items():
+        where = f"{base}.sets.{name}"
+        if not name.strip() or len(name) > MODEL_ID_MAX:
+            raise ConfigError(where, "a set name must be 1..255 characters, not blank")
+        sets.append((name, r.text(dsl, where)))
+        r.no_macros(sets[-1][1], where)
+    if use == "matrix" and not sets:
+        raise ConfigError(f"{base}.sets", "matrix must define at least one set (a set names "
+                                          "models that may run together, e.g. `a & b`)")
+    return use, variables, costs, tuple(sets)
 
 
 def read_routing_scheduler(r: Reader, real_id: Callable[[str], str | None]
