@@ -3,6 +3,7 @@ what the catalog says a client may name."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuproxy.shell.port import ProxyPort
@@ -112,5 +113,61 @@ def models_list(rt: ProxyPort, catalog: Catalog) -> dict[str, Any]:
                 if alias.strip():
                     data.append(_record(alias.strip(), m, loaded, state.value,
                                         {"type": "alias", "modelID": model_id}))
+    data += routed(rt, catalog, int(time.time()))
     data.sort(key=lambda record: record["id"])
     return {"object": "list", "data": data}
+
+
+def _entry(entry_id: str, name: str, description: str, metadata: dict[str, Any],
+           internal: dict[str, Any], created: int, loaded: bool) -> dict[str, Any]:
+    """An entry with no model behind it here (a peer's model, a selector, a profile's pin),
+    in llama-swap's shape: no capabilities, `meta.llamaswap` the metadata and `type`."""
+    record: dict[str, Any] = {"id": entry_id, "object": "model", "created": created,
+                              "owned_by": "gpuproxy"}
+    if name.strip():
+        record["name"] = name.strip()
+    if description.strip():
+        record["description"] = description.strip()
+    record["meta"] = {"llamaswap": {**metadata, **internal}}
+    record["status"] = {"value": "loaded" if loaded else "unloaded"}
+    return record
+
+
+def routed(rt: ProxyPort, catalog: Catalog, created: int) -> list[dict[str, Any]]:
+    """Peers' models, selectors and the active profile's pins, as llama-swap lists them
+    (`handleListModels`): a peer's model by its `<peer>/<model>` name, `unloaded` (nothing
+    here knows its state); a selector `loaded` when a target it would pick now is ready or
+    starting (`pin`: its first target only); a pin unless it names nothing or a name that is
+    listed already (a model, an alias, a peer's model, a selector)."""
+    out: list[dict[str, Any]] = []
+    taken = set(catalog.models) | set(catalog.aliases) | set(catalog.selectors)
+    for peer_id, peer in catalog.peers.items():
+        for model in dict.fromkeys(peer.models):
+            fqn = f"{peer_id}/{model}"
+            taken.add(fqn)
+            if catalog.peer_model(model) == (peer_id, model):
+                taken.add(model)
+            out.append(_entry(fqn, f"{peer_id}: {model}", "", {},
+                              {"type": "peer", "peerID": peer_id}, created, False))
+    for selector_id, sel in catalog.selectors.items():
+        if sel.unlisted:
+            continue
+        loaded = False
+        for target in sel.targets:
+            target_id = catalog.resolve(target)
+            proc = rt.upstream(target_id) if target_id is not None else None
+            loaded = proc is not None and proc.state in (State.READY, State.STARTING)
+            if loaded or sel.strategy == "pin":
+                break
+        internal: dict[str, Any] = {"type": "selector", "strategy": sel.strategy,
+                                    "targets": list(sel.targets)}
+        if sel.strategy == "spillover":
+            internal["spillover"] = sel.spillover
+        out.append(_entry(selector_id, sel.name, sel.description, dict(sel.metadata), internal,
+                          created, loaded))
+    profile = catalog.profiles.get(catalog.active_profile)
+    if profile is not None:
+        for pin, pinned in profile.pins.items():
+            if pinned and pin not in taken:
+                out.append(_entry(pin, "", "", {}, {"type": "profile"}, created, False))
+    return out
