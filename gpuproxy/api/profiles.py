@@ -73,14 +73,13 @@ def _requested_name(body: bytes) -> str | HttpResponse:
         return json_error(400, f"invalid profile request: the body is not a JSON object; "
                                f"{usage}", code="bad_request")
     if "name" not in data:
-        return json_error(400, f"profile name is required: {usage}", code="bad_request",
-                          param="name")
+        return json_error(400, f"profile name is required: {usage}", code="bad_request")
     name = data["name"]
     if name is None:
         return ""
     if not isinstance(name, str):
         return json_error(400, f"profile name must be a string or null: {usage}",
-                          code="bad_request", param="name")
+                          code="bad_request")
     return name
 
 
@@ -133,7 +132,7 @@ async def set_active(request: ApiRequest) -> HttpResponse:
     if not found:
         return json_error(404, f'profile "{name}" not found: GET /api/profiles lists the '
                                "profiles (`profiles:` in the config, or the admin)",
-                          code="not_found", param="name")
+                          code="not_found")
     if before != name:
         who = request.caller.name if request.caller is not None else "no key"
         logger.info("active profile changed from %r to %r (PUT /api/profiles/active, %s)",
