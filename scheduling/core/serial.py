@@ -318,9 +318,10 @@ class Serial(ScoreQueue):
             if h in stops or not stops.isdisjoint(eh):
                 return True
             if h in self._config.models:
-                after = self._config.swapper.eviction_for(h, [*running, target])
-                # Under groups `after` is at most E plus the target; under a matrix, the
-                # target's load may also change which set h's load would keep.
+                # h's eviction once this swap is done: under groups at most E plus the
+                # target; under a matrix the target may also change which set h keeps.
+                after = self._config.swapper.eviction_for(
+                    h, [*(m for m in running if m not in stops), target])
                 if target in after or not set(after) <= set(eh):
                     return True
         return False

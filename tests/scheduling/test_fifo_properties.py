@@ -30,28 +30,48 @@ from scheduling.core.events import (
     UnloadRequested,
 )
 from scheduling.core.fifo import Fifo
+from scheduling.core.matrix import MatrixSwapper
 from scheduling.core.swapper import Group
 from tests.scheduling.fakes import FakeEffects, make_config, req, waiting_by_band_of
 
 PAIR = Group("pair", frozenset({"p", "q"}), swap=False, exclusive=False)
 MODELS = ("a", "b", "c", "p", "q")  # a b c: exclusive (default group); p q: co-run
 LIMITS = {"a": 3, "b": 10, "c": 10, "p": 2, "q": 10}
+# The same five models under a matrix: a or b beside p, p beside q, b beside both (a
+# reference), c in no set (alone); stopping p costs 3.
+MATRIX = MatrixSwapper.compile(
+    [("duo", "(a | b) & p"), ("pq", "p & q"), ("trio", "+pq & b")], {}, {"p": 3}, MODELS)
 
 
 def _config(priorities: dict[str, int], drop: tuple[str, ...] = (),
-            revisions: dict[str, str] | None = None) -> SchedulerConfig:
+            revisions: dict[str, str] | None = None, router: str = "group") -> SchedulerConfig:
     models = {m: ModelConfig(concurrency_limit=LIMITS[m], fifo_priority=priorities.get(m, 0),
                              revision=(revisions or {}).get(m, ""))
               for m in MODELS if m not in drop}
+    if router == "matrix":
+        return make_config(models, swapper=MATRIX)
     return make_config(models, groups=[PAIR])
 
 
-CONFIGS = [
-    _config({"c": 2}),
-    _config({"a": 3, "p": 1, "q": -1}),  # new priorities: the queue re-sorts
-    _config({"c": 2}, drop=("b", "q")),  # deleted: their queued/waiting requests get 404
-    _config({"c": 2}, revisions={"a": "v2", "p": "v2"}),  # changed: restart a and p when idle
-]
+def configs(router: str) -> list[SchedulerConfig]:
+    return [
+        _config({"c": 2}, router=router),
+        _config({"a": 3, "p": 1, "q": -1}, router=router),  # new priorities: the queue re-sorts
+        _config({"c": 2}, drop=("b", "q"), router=router),  # deleted: queued/waiting get 404
+        # changed: restart a and p when idle
+        _config({"c": 2}, revisions={"a": "v2", "p": "v2"}, router=router),
+    ]
+
+
+CONFIGS = configs("group")
+
+
+def coresident(swapper: object, models: set[str]) -> bool:
+    """Whether the router lets `models` run together: one model always may; a matrix only
+    what one of its combinations holds."""
+    if len(models) <= 1 or not isinstance(swapper, MatrixSwapper):
+        return True
+    return swapper.can_contain_all(models)
 
 
 class CheckedEffects(FakeEffects):
@@ -126,6 +146,13 @@ class CheckedEffects(FakeEffects):
         for m in evict:
             self.states[m] = STOPPED
         self.states[model] = READY if ok else FAILED
+        if ok and self.s is not None:
+            # What stays loaded (not being evicted by a swap still running) beside what is
+            # loading must be a combination the router allows.
+            going = {m for ev in self.outstanding.values() for m in ev}
+            kept = {m for m, st in self.states.items()
+                    if st in (READY, STARTING) and m not in going} | set(self.outstanding)
+            assert coresident(self.s.config.swapper, kept), f"{sorted(kept)} may not co-run"
         return SwapDone(model, now, None if ok else "boom", timed_out and not ok)
 
     def unload_done(self, i: int, now: float) -> UnloadDone:
@@ -138,9 +165,10 @@ class CheckedEffects(FakeEffects):
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, router: str = "group") -> None:
+        self.configs = configs(router)
         self.fx = CheckedEffects()
-        self.s = Fifo(CONFIGS[0], self.fx)
+        self.s = Fifo(self.configs[0], self.fx)
         self.fx.s = self.s
         self.requests: list[Request] = []
         self.now = 0.0
@@ -183,7 +211,7 @@ class Harness:
         elif kind == "unload_done" and fx.unloads:
             s.on_unload_done(fx.unload_done(a % len(fx.unloads), self.now))
         elif kind == "settings":
-            s.on_settings_changed(SettingsChanged(CONFIGS[a % len(CONFIGS)], self.now))
+            s.on_settings_changed(SettingsChanged(self.configs[a % len(self.configs)], self.now))
         elif kind == "shutdown":
             s.on_shutdown(Shutdown(self.now))
         self.check()
@@ -252,12 +280,13 @@ OP = st.tuples(st.sampled_from(KINDS), st.integers(0, 60), st.integers(-2, 2), s
 
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(OP, min_size=20, max_size=100),
-       shutdown_at=st.none() | st.integers(0, 100))
-def test_fifo_random_events_keep_invariants_and_never_wedge(ops, shutdown_at):
+       shutdown_at=st.none() | st.integers(0, 100), router=st.sampled_from(("group", "matrix")))
+def test_fifo_random_events_keep_invariants_and_never_wedge(ops, shutdown_at, router):
     """Any interleaving keeps the books straight (slots, in-flight, one answer per request,
-    no busy or unloading model evicted) and, once the shell finishes its work, leaves no
-    request hanging: a wedge here is a client waiting forever."""
-    h = Harness()
+    no busy or unloading model evicted, under a matrix only allowed combinations loaded)
+    and, once the shell finishes its work, leaves no request hanging: a wedge here is a
+    client waiting forever."""
+    h = Harness(router)
     for i, op in enumerate(ops):
         if i == shutdown_at:
             h.step("shutdown")

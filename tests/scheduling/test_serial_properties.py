@@ -38,6 +38,7 @@ from scheduling.core.events import (
     Shutdown,
     UnloadRequested,
 )
+from scheduling.core.matrix import MatrixSwapper
 from scheduling.core.priority import band
 from scheduling.core.serial import Serial
 from scheduling.core.swapper import Group
@@ -56,6 +57,11 @@ LAYOUTS = {
                          Group("two", frozenset({"b1", "b2"}), swap=True, exclusive=False)]),
     "persistent": (("a", "b", "c", "k"), [Group("keep", frozenset({"k"}), swap=True,
                                                 exclusive=False, persistent=True)]),
+    # A matrix: a or b beside the embedder e, e beside d, b beside both; c in no set (runs
+    # alone); stopping e costs 5, so a load prefers to keep it.
+    "matrix": (("a", "b", "c", "e"), MatrixSwapper.compile(
+        [("chat", "(a | b) & e"), ("side", "e & d"), ("wide", "+chat & d")], {}, {"e": 5},
+        ("a", "b", "c", "d", "e"))),
 }
 PRIORITIES = (-150, -100, -60, -50, -49, -5, 0, 0, 0, 3, 40, 50, 100, 103, 200)
 DTS = (0.0, 0.0, 0.5, 1.0, 3.0, 30.0, 120.0)  # time between events: often equal, sometimes long
@@ -136,8 +142,10 @@ class OrderChecked(CheckedEffects):
         if t == mh:
             return False
         running = view[3]
-        return (mh in evict or bool(set(evict) & set(eh))
-                or t in self.s.config.swapper.eviction_for(mh, [*running, t]))
+        after = self.s.config.swapper.eviction_for(
+            mh, [*(m for m in running if m not in evict), t])
+        return (mh in evict or bool(set(evict) & set(eh)) or t in after
+                or not set(after) <= set(eh))
 
     def check_order(self, g: Request, action, exclude: str | None = None) -> None:
         view = self.view(exclude)
@@ -193,8 +201,9 @@ def make_configs(layout: str, parallel: tuple[int, ...], bonus: int, divisor: fl
             changed: tuple[str, ...] = ()) -> SchedulerConfig:
         kept = {m: replace(mc, revision="v2" if m in changed else "")
                 for m, mc in mcs.items() if m not in drop}
-        return replace(make_config(kept, groups=groups), scheduler="serial",
-                       swap_affinity_bonus=b, aging_divisor=d)
+        base = (make_config(kept, groups=groups) if isinstance(groups, list)
+                else make_config(kept, swapper=groups))
+        return replace(base, scheduler="serial", swap_affinity_bonus=b, aging_divisor=d)
 
     return [cfg(bonus, divisor), cfg(0 if bonus else 50, divisor * 4),
             cfg(bonus, divisor, drop=(models[1],)),
