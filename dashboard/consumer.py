@@ -37,6 +37,7 @@ from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.states import State
+from scheduling.catalog import Catalog
 from scheduling.core.effects import Scheduler
 from scheduling.core.errors import SchedulingError
 from scheduling.core.events import Request
@@ -83,10 +84,63 @@ def _books(s: Scheduler, now: float) -> dict[str, Any]:
             add(r, None)
     return {
         "bands": [bands[b] for b in BANDS],
+        "picks": _picks(s),
         "in_flight": {m: s.in_flight(m) for m in cfg.models},
         "restart_pending": s.restart_pending(),
         "scheduler": {"kind": cfg.scheduler, "aging_divisor": cfg.aging_divisor,
                       "swap_affinity_bonus": cfg.swap_affinity_bonus},
+    }
+
+
+def _picks(s: Scheduler) -> dict[str, str | None]:
+    """The target each selector would get now: the scheduler's own pick from its books (the
+    one a dispatch at this moment makes), so the page never guesses the strategy again."""
+    pick = getattr(s, "_pick", None)
+    selectors = getattr(s.config, "selectors", {})
+    if pick is None:
+        return {}
+    out: dict[str, str | None] = {}
+    for selector_id in selectors:
+        try:
+            out[selector_id] = pick(selector_id)[0]
+        except (KeyError, ValueError):
+            out[selector_id] = None
+    return out
+
+
+def peer_host(url: str) -> str:
+    """A peer's host and port, never a user or password the URL may carry."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(not a URL)"
+    host = parts.hostname or ""
+    return f"{host}:{port}" if port else host
+
+
+def routing(catalog: Catalog, picks: dict[str, str | None]) -> dict[str, Any]:
+    """The routing in force, from the catalog the proxy runs with: the router (and the
+    matrix's sets), peers (id, host, models, how the priority travels; never the apiKey),
+    selectors (with the target each would get now) and the active profile with its pins."""
+    profile = catalog.profiles.get(catalog.active_profile)
+    return {
+        "router": catalog.router,
+        "matrix_sets": [{"name": n, "dsl": d} for n, d in catalog.matrix_sets],
+        "peers": [{"id": p.peer_id, "host": peer_host(p.proxy), "models": list(p.models),
+                   "priority_forward": p.priority_forward}
+                  for p in sorted(catalog.peers.values(), key=lambda p: p.peer_id)],
+        "selectors": [{"id": sel.selector_id, "strategy": sel.strategy,
+                       "targets": list(sel.targets), "spillover": sel.spillover,
+                       "name": sel.name, "unlisted": sel.unlisted,
+                       "pick": picks.get(sel.selector_id)}
+                      for sel in sorted(catalog.selectors.values(),
+                                        key=lambda sel: sel.selector_id)],
+        "active_profile": None if not catalog.active_profile else {
+            "name": catalog.active_profile, "defined": profile is not None,
+            "description": profile.description if profile else "",
+            "pins": dict(profile.pins) if profile else {}},
+        "profiles": sorted(catalog.profiles),
     }
 
 
@@ -109,6 +163,7 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
     return {
         "time": time.time(),
         "scheduler": books["scheduler"],
+        "routing": routing(rt.catalog, books["picks"]),
         "models": models,
         "bands": books["bands"],
         "in_flight": requests["in_flight"],

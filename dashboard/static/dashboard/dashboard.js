@@ -288,6 +288,7 @@
     setText($("#scheduler-bonus"), s.swap_affinity_bonus);
     setText($("#scheduler-divisor"), s.aging_divisor);
     renderModels(state.models || []);
+    renderRouting(state.routing || {});
     renderBands(state.bands || []);
     renderInFlight(state.in_flight || []);
     renderRecent(state.recent || []);
@@ -361,6 +362,60 @@
       button.disabled = busy || useless;
       button.classList.toggle("busy", pending[m.id] === action);
     });
+  }
+
+  /** A table of plain rows (few, and rebuilt only when their text changed); a cell is a
+   * string, {code: text} or {disabled: text}. */
+  function fillTable(box, tbody, rows) {
+    var key = JSON.stringify(rows);
+    box.hidden = rows.length === 0;
+    if (tbody.dataset.shown === key) {
+      return;
+    }
+    tbody.dataset.shown = key;
+    tbody.replaceChildren.apply(tbody, rows.map(function (cells) {
+      return el.apply(null, ["tr", { "data-testid": "routing-row", "data-key": cells[0] }]
+        .concat(cells.map(function (cell) {
+          if (typeof cell === "string") {
+            return el("td", {}, cell);
+          }
+          return el("td", {}, cell.code !== undefined ? el("code", {}, cell.code)
+                                : el("span", { "class": "disabled" }, cell.disabled));
+        })));
+    }));
+  }
+
+  function renderRouting(r) {
+    var router = $("[data-testid=router]");
+    setText(router, r.router === "matrix" ? "matrix" : (r.router ? "group" : "—"));
+    var profile = r.active_profile;
+    var shown = $("[data-testid=active-profile]");
+    setText(shown, profile ? profile.name + (profile.defined ? "" : " (not defined)") : "none");
+    shown.className = profile && !profile.defined ? "undefined" : "";
+    if (profile && profile.description) {
+      shown.title = profile.description;
+    } else {
+      shown.removeAttribute("title");
+    }
+    fillTable($("#routing-sets"), $("[data-testid=matrix-sets]"),
+      r.router === "matrix" ? (r.matrix_sets || []).map(function (m) {
+        return [m.name, { code: m.dsl }];
+      }) : []);
+    var pins = profile ? profile.pins || {} : {};
+    fillTable($("#routing-pins"), $("[data-testid=profile-pins]"),
+      Object.keys(pins).map(function (name) {
+        return [name, pins[name] ? pins[name] : { disabled: "disabled (404)" }];
+      }));
+    fillTable($("#routing-selectors"), $("[data-testid=selectors]"),
+      (r.selectors || []).map(function (s) {
+        var strategy = s.strategy === "spillover" ? "spillover " + s.spillover : s.strategy;
+        return [s.id + (s.unlisted ? " (unlisted)" : ""), strategy, s.targets.join(" → "),
+                s.pick || "—"];
+      }));
+    fillTable($("#routing-peers"), $("[data-testid=peers]"),
+      (r.peers || []).map(function (p) {
+        return [p.id, p.host, p.models.join(", "), p.priority_forward];
+      }));
   }
 
   function renderBands(bands) {
