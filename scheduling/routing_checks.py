@@ -143,24 +143,19 @@ def _check_peer_namespace(view: RoutingView) -> None:
                                   f"model {model!r}; rename a peer")
             owner[fqn] = (peer.peer_id, model)
     for fqn in sorted(owner):
-        peer_path = f"peers.{owner[fqn][0]}"
+        why = f"conflicts with fully qualified peer model name (of peers.{owner[fqn][0]})"
         if fqn in view.models:
-            raise ConfigError(f"models.{fqn}", f"model ID {fqn!r} conflicts with the fully "
-                                               f"qualified peer model name of {peer_path}; "
-                                               "rename the model or the peer")
+            raise ConfigError(f"models.{fqn}", f"model ID {fqn!r} {why}; rename the model or "
+                                               "the peer")
         if fqn in view.aliases:
             raise ConfigError(f"models.{view.aliases[fqn]}.aliases",
-                              f"model {view.aliases[fqn]} alias {fqn!r} conflicts with the "
-                              f"fully qualified peer model name of {peer_path}")
+                              f"model {view.aliases[fqn]} alias {fqn!r} {why}")
         if any(s.selector_id == fqn for s in view.selectors):
-            raise ConfigError(f"selectors.{fqn}", f"selector ID {fqn!r} conflicts with the "
-                                                  f"fully qualified peer model name of "
-                                                  f"{peer_path}")
+            raise ConfigError(f"selectors.{fqn}", f"selector ID {fqn!r} {why}")
         for profile in view.profiles:
             if fqn in profile.pins:
                 raise ConfigError(f"profiles.{profile.name}.pins.{fqn}",
-                                  f"profile {profile.name} pin {fqn!r} conflicts with the "
-                                  f"fully qualified peer model name of {peer_path}")
+                                  f"profile {profile.name} pin {fqn!r} {why}")
 
 
 def _check_selector(view: RoutingView, s: ParsedSelector, selector_ids: set[str],
