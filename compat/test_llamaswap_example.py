@@ -246,8 +246,10 @@ def test_the_example_exports_with_its_env_keys_and_the_names_it_skipped(
     assert data["hooks"] == {"on_startup": {"preload": ["llama"]}}
     assert data["routing"]["scheduler"] == {"use": "fifo", "settings": {"fifo": {
         "priority": {"A": 10, "B": 5, "C": 5, "D": 1}}}}
-    assert data["groups"]["forever"]["members"] == ["forever-modelA", "forever-modelB",
-                                                    "forever-modelc"]
+    # beside the example's matrix, the groups go under routing.router (as in the example)
+    groups = data["routing"]["router"]["settings"]["groups"]
+    assert groups["forever"]["members"] == ["forever-modelA", "forever-modelB",
+                                            "forever-modelc"]
 
 
 EXAMPLE_LITERAL_KEY = "sk-gyCPiKUcIfPlaM4OSMZekkprgijPx6+OsmQs8Rsg0xZ9qpy6gKWsIKqHOk+cgXVx"
