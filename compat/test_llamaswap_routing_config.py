@@ -4,9 +4,9 @@ too, in words our message holds; a selector target or pin naming nothing, which 
 warns about (docs/configuration.md, "Differences from llama-swap"), llama-swap refuses.
 
 Our export of a routing config is one llama-swap runs (its schema takes it, its binary serves
-its peers and selectors). And llama-swap's own example imported from a file: the apiKey its peer reads from
-`${env.OPENROUTER_API_KEY}` is exported as that reference, never as the key, and the export
-imports back to the same rows.
+its peers and selectors). And llama-swap's own example imported from a file: the apiKey its
+peer reads from `${env.OPENROUTER_API_KEY}` is exported as that reference, never as the key,
+and the export imports back to the same rows.
 """
 
 from __future__ import annotations
