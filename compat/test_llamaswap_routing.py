@@ -328,8 +328,16 @@ SELECTOR_IDS = {"coding-model", "llm-plan", "llama"}
 def test_models_lists_peers_and_selectors_alike(both: Both) -> None:
     """/v1/models: the same ids (local, peer models, selectors), and for peer models and
     selectors the same fields (each one's JSON shape) and the same `name`, `description`,
-    `meta`-level values a client shows; local models are compared by test_llamaswap_api."""
+    `status` and `meta.llamaswap` (peer id, strategy, targets, metadata); local models are
+    compared field by field by test_llamaswap_api. With gemma-model loaded, a selector is
+    `loaded` when a target it could pick is (a pin: its first), a peer model never is."""
+    for routed in both.sides:
+        routed.unload_all()
+        assert routed.chat("gemma-model").status_code == 200
     theirs, ours = model_list(both.theirs), model_list(both.ours)
+    assert {i: theirs[i]["status"]["value"] for i in PEER_IDS | SELECTOR_IDS} == {
+        **dict.fromkeys(PEER_IDS, "unloaded"), "coding-model": "loaded", "llama": "loaded",
+        "llm-plan": "unloaded"}
     assert set(theirs) == set(MODELS) | PEER_IDS | SELECTOR_IDS, sorted(theirs)
     assert set(ours) == set(theirs), (sorted(set(ours) - set(theirs)),
                                       sorted(set(theirs) - set(ours)))
@@ -337,7 +345,7 @@ def test_models_lists_peers_and_selectors_alike(both: Both) -> None:
         a, b = ours[model_id], theirs[model_id]
         ours_shape = {p: k for p, k in shape(a).items() if not p.startswith("meta.gpuproxy")}
         assert ours_shape == shape(b), (model_id, a, b)
-        for key in ("object", "name", "description"):
+        for key in ("object", "name", "description", "status"):
             assert a.get(key) == b.get(key), (model_id, key, a, b)
         assert a.get("meta", {}).get("llamaswap") == b.get("meta", {}).get("llamaswap"), (
             model_id, a, b)
