@@ -91,7 +91,10 @@ class Fifo(Ledger):
         8. otherwise → record the swap, then start it. Swaps with disjoint evict sets run in
            parallel.
 
-        Steps 3-8 are `_place`, which every drain re-applies to the queue in order.
+        Steps 3-8 are `_place`, which every drain re-applies to the queue in order. A
+        selector request takes them as a request for the target its strategy picks at that
+        moment, and waits unbound otherwise; unbound, it ranks by its own priority alone (no
+        model's fifo priority: it has no model yet, and a rank must not change while queued).
         """
         self._now = ev.now
         req = ev.req

@@ -18,6 +18,10 @@ received grants). `docs/scheduler-design.md` §7 walks through it.
 Unlike fifo, serial grants at most `ModelConfig.parallel` requests at once per model and keeps
 the rest here, so the order is decided by the score and not by the upstream's own queue.
 
+A selector's requests wait in a heap of their own, unbound, ranked with the affinity of the
+target their strategy would pick now, and are bound to that target when the walk dispatches
+them (scheduling/core/selectors.py; docs/scheduler-design.md, "Selectors").
+
 The queue itself (per-model heaps, the cached order, position reports) is
 `scheduling/core/score_queue.py`; the handlers serial shares with fifo are `Ledger`'s.
 """
