@@ -360,3 +360,26 @@ async def test_what_a_trusted_peer_sent_goes_no_further_than_here():
     assert status == 404, body
     assert "at most one hop" in json.loads(body)["error"]["message"]
     assert peer.requests == []
+
+
+@pytestmark_db
+async def test_a_selectors_pick_on_a_peer_is_forwarded_as_the_peers_model():
+    """A selector whose target is a peer's model: the scheduler grants it at once, and the
+    request goes to the peer as a by-name one would (its model, its filters, its key)."""
+    async with FakePeer(answer_json) as peer:
+        await _runtime(peer.port, """
+selectors:
+  planner:
+    strategy: pin
+    targets: [lab/qwen]
+""")
+        try:
+            status, _, body = await call({"model": "planner"}, _bearer(CLIENT_KEY))
+            refused, _, _ = await call({"model": "planner"}, _bearer(TRUSTED_KEY))
+        finally:
+            await runtime.shutdown()
+    assert status == 200, body
+    [(_, got, sent)] = peer.requests  # the trusted peer's went no further
+    assert json.loads(sent) == {"model": "qwen", "temperature": 0.1}
+    assert got[b"authorization"] == f"Bearer {PEER_KEY}".encode()
+    assert refused == 404

@@ -46,7 +46,6 @@ from gpuproxy.shell import runtime
 from gpuproxy.shell.run_loop import Waiting
 from gpuproxy.upstream import relay
 from gpuproxy.upstream.processes import State
-from scheduling.catalog import Route
 from scheduling.core.errors import (
     ConcurrencyLimit,
     ModelNotFound,
@@ -346,7 +345,8 @@ class ProxyConsumer(UpstreamExchange):
                 parsed.model, f"the active profile {route.pinned_by!r} disables it"))
             return
         if route.kind == "peer":
-            await self.forward_to_peer(route, parsed, upstream_path, body, priority)
+            await peers.forward(self, route, parsed, upstream_path, priority,
+                                self.cancel_by_admin)
             return
         known = route.kind in ("model", "selector")
         if known and catalog.capture_buffer_mb:  # the one check captures cost when off
@@ -356,8 +356,8 @@ class ProxyConsumer(UpstreamExchange):
             """The body for `model_id` (a selector's target is known only at the grant):
             its filters applied."""
             meta = catalog.models.get(model_id)
-            if meta is None:
-                return body
+            if meta is None:  # a peer's model, a selector's target, or gone
+                return peers.body_of(catalog, model_id, parsed, priority) or body
             return apply_filters(parsed, requested=route.requested,
                                  use_model_name=meta.use_model_name,
                                  strip_params=meta.strip_params, set_params=meta.set_params,
@@ -369,11 +369,6 @@ class ProxyConsumer(UpstreamExchange):
         await self.forward(route.target, upstream_path, body, priority,
                            progress=waits_visibly, prepare=prepare if known else None,
                            loading_state=bool(meta and meta.send_loading_state))
-
-    async def forward_to_peer(self, route: Route, parsed: Any, upstream_path: str,
-                              body: bytes, priority: int) -> None:
-        """A peer's model: forwarded with the peer's key, never scheduled (peers.py)."""
-        await peers.forward(self, route, parsed, upstream_path, priority, self.cancel_by_admin)
 
     def priority(self, json_body: dict[str, Any] | None) -> int:
         """The priority applied here, the scheduler's and a peer's (urgency.py)."""
@@ -476,10 +471,13 @@ class ProxyConsumer(UpstreamExchange):
             rec.model = grant.model
             sent = prepare(grant.model) if prepare is not None else body
             rec.swap_s = grant.swap_wait
+            to_peer = peers.target(self.rt.catalog, grant.model)  # a selector's, on a peer
             inflight.add(inflight.InFlight.of(rec, grant.model, self.cancel_by_admin, self.scope))
             try:
-                again = await self.relay(grant.model, upstream_path, sent, retry=retry,
-                                         requeue=retry and attempt < WAITS)
+                again = await (peers.forward_granted(self, to_peer, sent, upstream_path, priority)
+                               if to_peer is not None else
+                               self.relay(grant.model, upstream_path, sent, retry=retry,
+                                          requeue=retry and attempt < WAITS))
             finally:
                 grant.release()
                 inflight.remove(rec)

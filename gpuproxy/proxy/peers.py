@@ -31,7 +31,7 @@ from gpuproxy.proxy.exchange import UpstreamExchange
 from gpuproxy.proxy.inference import Parsed, apply_filters
 from gpuproxy.proxy.urgency import ARRIVED_HEADER, PRIORITY_HEADER, from_trusted_peer
 from gpuproxy.upstream import relay
-from scheduling.catalog import CatalogPeer, Route
+from scheduling.catalog import Catalog, CatalogPeer, Route
 from scheduling.core.errors import ModelNotFound
 from scheduling.core.priority import band
 
@@ -102,50 +102,89 @@ def body_for(peer: CatalogPeer, route: Route, parsed: Parsed, priority: int) -> 
         vllm_priority=priority if peer.priority_forward == "vllm" else None)
 
 
+def target(catalog: Catalog, model: str) -> Route | None:
+    """The peer route of a granted `model` that is a peer's, not ours (a selector's target
+    the scheduler picked); None for a local model."""
+    found = catalog.peer_model(model) if model not in catalog.models else None
+    if found is None:
+        return None
+    return Route("peer", model, model, peer_id=found[0], peer_model=found[1])
+
+
+def body_of(catalog: Catalog, model: str, parsed: Parsed, priority: int) -> bytes | None:
+    """The body for a granted peer target (`target`), None for a local model."""
+    route = target(catalog, model)
+    if route is None:
+        return None
+    return body_for(catalog.peers[route.peer_id], route, parsed, priority)
+
+
+async def _hop_refused(ex: UpstreamExchange, route: Route) -> bool:
+    """At most one hop: what a trusted peer forwarded here goes to no other peer (a 404, not
+    a 5xx a client would retry)."""
+    if not from_trusted_peer(dict(ex.scope["headers"]), ex.rt.catalog):
+        return False
+    message = ModelNotFound(route.requested, (
+        f"it is peer {route.peer_id!r}'s model here, and this request came from a trusted "
+        "peer: a request is forwarded at most one hop")).message
+    await ex.send_json(404, error_body(message, "invalid_request_error", "model_not_found"),
+                       outcome=outcomes.UNKNOWN_MODEL)
+    return True
+
+
 async def forward(ex: UpstreamExchange, route: Route, parsed: Parsed, upstream_path: str,
                   priority: int, cancel: Callable[[], None]) -> None:
-    """Send the request to its peer and relay the answer; `cancel` is the dashboard's cancel
-    button. At most one hop: what a trusted peer forwarded here goes to no other peer (a
-    404, not a 5xx a client would retry)."""
-    catalog = ex.rt.catalog
-    if from_trusted_peer(dict(ex.scope["headers"]), catalog):
-        message = ModelNotFound(route.requested, (
-            f"it is peer {route.peer_id!r}'s model here, and this request came from a trusted "
-            "peer: a request is forwarded at most one hop")).message
-        await ex.send_json(404, error_body(message, "invalid_request_error", "model_not_found"),
-                           outcome=outcomes.UNKNOWN_MODEL)
+    """A peer's model asked for by name: sent to the peer, no scheduler involved; `cancel`
+    is the dashboard's cancel button."""
+    if await _hop_refused(ex, route):
         return
-    peer = catalog.peers[route.peer_id]
-    # the arrival here in unix seconds, for the peer's aging (X-LlamaSwap-Arrived)
-    arrived = time.time() - (time.monotonic() - ex.rec.received)
+    rec = ex.rec
+    rec.scheduler = SCHEDULER
+    rec.dispatched = time.monotonic()
+    body = body_for(ex.rt.catalog.peers[route.peer_id], route, parsed, priority)
+    inflight.add(inflight.InFlight.of(rec, route.target, cancel, ex.scope))
+    try:
+        await send(ex, route, body, upstream_path, priority)
+    finally:
+        inflight.remove(rec)
+
+
+async def forward_granted(ex: UpstreamExchange, route: Route, body: bytes,
+                          upstream_path: str, priority: int) -> bool:
+    """A selector's request the scheduler granted to a peer's model (`body_of` made its
+    body); the grant and the in-flight entry are the caller's. False: never waits again."""
+    if not await _hop_refused(ex, route):
+        await send(ex, route, body, upstream_path, priority)
+    return False
+
+
+async def send(ex: UpstreamExchange, route: Route, body: bytes, upstream_path: str,
+               priority: int) -> None:
+    """Send `body` to the route's peer and relay the answer."""
+    peer = ex.rt.catalog.peers[route.peer_id]
     rec = ex.rec
     rec.model = route.target
     rec.priority = priority
-    rec.scheduler = SCHEDULER
-    rec.dispatched = time.monotonic()
-    body = body_for(peer, route, parsed, priority)
+    # the arrival here in unix seconds, for the peer's aging (X-LlamaSwap-Arrived)
+    arrived = time.time() - (time.monotonic() - rec.received)
     headers = headers_for(peer, ex.scope["headers"], ex._drop, len(body), priority, arrived)
     where = f"peer {peer.peer_id!r} at {host_of(peer)}"
     head_within = seconds(peer, "responseHeader", RESPONSE_HEADER)
-    relay.begin_attempt(route.target, parsed.stream)
-    inflight.add(inflight.InFlight.of(rec, route.target, cancel, ex.scope))
+    relay.begin_attempt(route.target, ex._streams)
     try:
-        try:
-            async with asyncio.timeout(head_within or None):
-                response = await relay.send(
-                    ex.scope["method"], url(peer, upstream_path, ex.scope.get("query_string", b"")),
-                    headers, body, 0.0,
-                    timeouts=relay.peer_timeout(seconds(peer, "connect", CONNECT)))
-        except TimeoutError:
-            await _failed(ex, 504, f"{where} sent no response head within {head_within:g} s "
-                          f"(peers.{peer.peer_id}.timeouts.responseHeader)", "peer_timeout")
-            return
-        except (httpx.TransportError, aiohttp.ClientError) as exc:
-            await _failed(ex, *_words(where, peer, relay.failure(exc)))
-            return
-        await _relay(ex, response, where)
-    finally:
-        inflight.remove(rec)
+        async with asyncio.timeout(head_within or None):
+            response = await relay.send(
+                ex.scope["method"], url(peer, upstream_path, ex.scope.get("query_string", b"")),
+                headers, body, 0.0,
+                timeouts=relay.peer_timeout(seconds(peer, "connect", CONNECT)))
+    except TimeoutError:
+        await _failed(ex, 504, f"{where} sent no response head within {head_within:g} s "
+                      f"(peers.{peer.peer_id}.timeouts.responseHeader)", "peer_timeout")
+        return
+    except (httpx.TransportError, aiohttp.ClientError) as exc:
+        await _failed(ex, *_words(where, peer, relay.failure(exc)))
+        return
+    await _relay(ex, response, where)
 
 
 def _words(where: str, peer: CatalogPeer, fail: relay.Failure) -> tuple[int, str, str]:
