@@ -87,8 +87,6 @@ ALLOWED_DIFFERENCES: tuple[Difference, ...] = (
     Difference("GET /api/events", "frame uiConfig", "absent", "sent",
                "llama-swap's `ui.*` settings are not supported (the import warns): there is "
                "no UI configuration to send"),
-    Difference("GET /api/events", "frame profileChanged", "absent", "sent",
-               "`profiles` are not supported (the import warns): no profile is ever active"),
     Difference("GET /upstream", "location", "/", "/ui/models",
                "gpuproxy's dashboard is at `/` and lists the models first; llama-swap's UI "
                "paths (`/ui/...`) lead there too"),

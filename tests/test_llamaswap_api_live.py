@@ -98,14 +98,15 @@ def test_the_first_frames_then_model_status_after_a_load(serve):
     proxy = serve(one_model(free_port()))
     events = Events(proxy.base)
     assert events.status == 200 and events.content_type.startswith("text/event-stream")
-    until("the initial payload", lambda: len(events.frames) >= 4)
-    kinds = [t for t, _ in events.frames[:4]]
-    assert kinds == ["logData", "logData", "modelStatus", "inflight"]
+    until("the initial payload", lambda: len(events.frames) >= 5)
+    kinds = [t for t, _ in events.frames[:5]]
+    assert kinds == ["logData", "logData", "modelStatus", "profileChanged", "inflight"]
     assert events.frames[0][1]["source"] == "proxy"
     assert events.frames[1][1]["source"] == "upstream"
     assert events.frames[2][1] == [{"id": "solo", "name": "", "description": "",
                                     "state": "stopped", "unlisted": False, "peerID": ""}]
-    assert events.frames[3][1] == {"operation": "snapshot"}  # llama-swap omits an empty list
+    assert events.frames[3][1] == {"active": None}
+    assert events.frames[4][1] == {"operation": "snapshot"}  # llama-swap omits an empty list
     assert events.raw[2].startswith(b'event:message\ndata:{"type":"modelStatus","data":"[{')
 
     assert proxy.http.post("/api/models/load/solo").status_code == 200

@@ -21,6 +21,7 @@ from scheduling.models import ApiKey, ProxySettings, hash_key
 from scheduling.routing_models import Profile
 from tests.conftest import FAKE, Proxy, free_port
 from tests.helpers import until
+from tests.test_llamaswap_api_live import Events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -199,10 +200,15 @@ def served_by(r: httpx.Response) -> str:
 @pytest.mark.postgres
 def test_pins_route_requests_and_a_switch_applies_to_the_next_request(serve):
     proxy = serve(config(free_port()), extra_env={"GPUPROXY_RELOAD_SECONDS": "3600"})
-    make_profiles()  # as the admin would: the proxy learns of them with the switch below
+    make_profiles()  # as the admin would
+    events = Events(proxy.base)
+    events.wait("the first profileChanged", "profileChanged", lambda d: d == {"active": None})
 
     r = proxy.http.put("/api/profiles/active", json={"name": "coding"})
     assert (r.status_code, r.json()) == (200, {"active": "coding"})
+    events.wait("profileChanged after the switch", "profileChanged",
+                lambda d: d == {"active": "coding"})
+    events.close()
     assert proxy.http.get("/api/profiles").json()["active"] == "coding"
     for _ in range(4):  # on fresh connections, so both request processes of --workers 2
         assert served_by(chat(proxy, "public")) == "real"  # public → variant, real's

@@ -8,6 +8,8 @@ Every frame is `event:message` with `data:{"type": T, "data": "<JSON as a string
 * `logData`: `{"source": "proxy" | "upstream", "data": text}`: the history on connect, then
   new lines as they come (`upstream` is every model's output);
 * `activity`: `{"id": N}` for each new `activity_requestlog` row;
+* `profileChanged`: `{"active": name|null}`, the profile whose pins apply (on connect, and
+  when a reload brings another one: `PUT /api/profiles/active`, the admin);
 * `inflight`: `{"operation": "snapshot", "requests": [...]}` on connect, then `upsert` (a
   request granted, or its byte count moved) and `remove` (it ended).
 
@@ -38,6 +40,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from activity.models import RequestLog
+from gpuproxy.api.profiles import active_in
 from gpuproxy.observe import inflight, published
 from gpuproxy.proxy.model_list import render_capabilities
 from gpuproxy.shell import runtime
@@ -93,6 +96,10 @@ def inflight_entry(view: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+def profile_data(rt: ProxyPort) -> dict[str, Any]:
+    return {"active": active_in(rt.catalog)}
+
+
 def snapshot_data(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """llama-swap omits an empty `requests` list (Go's `omitempty`)."""
     return {"operation": "snapshot", **({"requests": entries} if entries else {})}
@@ -121,6 +128,7 @@ class Bus:
         self.clients: set[Client] = set()
         self._task: asyncio.Task[None] | None = None
         self._models: list[dict[str, Any]] | None = None
+        self._profile: dict[str, Any] | None = None
         self._inflight: dict[str, dict[str, Any]] = {}
         self._states_changed = asyncio.Event()  # a model's state or the catalog changed
         self._requests_changed = asyncio.Event()  # a request here started or ended
@@ -145,6 +153,7 @@ class Bus:
             # made on the loop that runs the bus (an Event belongs to the first loop it waits on)
             self._states_changed, self._requests_changed = asyncio.Event(), asyncio.Event()
             self._models = model_status(rt)  # what the new client is about to get
+            self._profile = profile_data(rt)
             self._task = asyncio.get_running_loop().create_task(self._run(rt),
                                                                 name="api-events")
 
@@ -199,6 +208,10 @@ class Bus:
             if now != self._models:
                 self._models = now
                 self.broadcast("modelStatus", now)
+            profile = profile_data(rt)  # a new catalog wakes this loop too
+            if profile != self._profile:
+                self._profile = profile
+                self.broadcast("profileChanged", profile)
 
     async def _requests(self, rt: ProxyPort) -> None:
         """Every `INFLIGHT_POLL` seconds (other processes' requests, byte counts), and at
@@ -282,8 +295,8 @@ BUS = Bus()
 
 async def stream(rt: ProxyPort) -> AsyncIterator[bytes]:
     """One client's frames: the initial payload (llama-swap's order: proxy log, upstream log,
-    models, in-flight snapshot), then what the bus offers, until the client leaves (Django
-    closes this generator)."""
+    models, the active profile, in-flight snapshot), then what the bus offers, until the
+    client leaves (Django closes this generator)."""
     client = Client()
     BUS.join(client, rt)  # first, so nothing between the payload and the feed is lost
     try:
@@ -296,6 +309,7 @@ async def stream(rt: ProxyPort) -> AsyncIterator[bytes]:
             frame("logData", {"source": "proxy", "data": _text(proxy_history)}),
             frame("logData", {"source": "upstream", "data": _text(upstream_history)}),
             frame("modelStatus", model_status(rt)),
+            frame("profileChanged", profile_data(rt)),
             frame("inflight", snapshot_data([inflight_entry(v) for v in views])),
         ])
         while True:
