@@ -383,3 +383,24 @@ selectors:
     assert json.loads(sent) == {"model": "qwen", "temperature": 0.1}
     assert got[b"authorization"] == f"Bearer {PEER_KEY}".encode()
     assert refused == 404
+
+
+@pytestmark_db
+async def test_without_an_api_key_the_clients_key_for_us_still_never_reaches_the_peer():
+    """llama-swap would pass it on; here it is held back whichever header carried it."""
+    async with FakePeer(answer_json) as peer:
+        await _runtime(peer.port, f"""
+  open:
+    proxy: http://127.0.0.1:{peer.port}
+    models: [llama]
+""")
+        try:
+            for headers in (_bearer(CLIENT_KEY), [(b"x-api-key", CLIENT_KEY.encode())]):
+                status, _, body = await call({"model": "llama"}, headers)
+                assert status == 200, body
+        finally:
+            await runtime.shutdown()
+    assert len(peer.requests) == 2
+    for _, got, sent in peer.requests:
+        assert b"authorization" not in got and b"x-api-key" not in got
+        assert CLIENT_KEY.encode() not in b"".join(k + v for k, v in got.items()) + sent
