@@ -20,7 +20,8 @@ the rest here, so the order is decided by the score and not by the upstream's ow
 
 A selector's requests wait in a heap of their own, unbound, ranked with the affinity of the
 target their strategy would pick now, and are bound to that target when the walk dispatches
-them (scheduling/core/selectors.py; docs/scheduler-design.md, "Selectors").
+them, or queues them at it when it is loaded and only short of a free slot
+(scheduling/core/selectors.py; docs/scheduler-design.md, "Selectors").
 
 The queue itself (per-model heaps, the cached order, position reports) is
 `scheduling/core/score_queue.py`; the handlers serial shares with fifo are `Ledger`'s.
@@ -253,7 +254,13 @@ class Serial(ScoreQueue):
             if (not evict and not self._being_evicted(t) and t not in self._exited
                     and self._fx.model_state(t) == READY):
                 if t in no_feed or self.in_flight(t) >= self._parallel(t):
-                    blocked.update((m, t))
+                    if t != m and t not in no_feed:
+                        # loaded, only short of a free slot: it queues there, bound, so
+                        # spillover counts it (llama-swap's requests waiting at a target)
+                        self._push(self._take_head(m, req, t, turned))
+                    else:
+                        blocked.add(m)
+                    blocked.add(t)
                     claims.append((t, []))
                     continue
                 self._count_pick(req, blocked, affine)

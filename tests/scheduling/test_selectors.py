@@ -304,3 +304,19 @@ def test_serial_selector_affinity_is_its_picks():
     assert s.score(auto, 0.0) == 10 and s.score(pinned, 0.0) == 0
     done(s, fx, busy)
     assert fx.grants[-1] == (auto, "b")
+
+
+@pytest.mark.parametrize("kind", POLICIES)
+def test_spillover_counts_requests_queued_at_a_loaded_target(kind):
+    """N = 2, p loaded with one slot: the second request finds p busy; it is p's all the
+    same (queued there under serial, forwarded under fifo, which leaves slots to the
+    upstream), so p holds 2 and the third request spills over to q. Were it left unbound
+    waiting for p's slot, p would never hold 2 and nothing would ever spill."""
+    sels = {"pool": SelectorConfig("spillover", ("p", "q"), spillover=2)}
+    s, fx = sched(kind, sels, {"p": READY}, models=("p", "q"), groups=[PAIR])
+    r1, r2 = arrive(s, "pool"), arrive(s, "pool")
+    assert fx.grants[0] == (r1, "p") and r2.model == "p" and s.reserved("p") == 2
+    if kind == "serial":
+        assert s.queued() == [r2]
+    r3 = arrive(s, "pool")
+    assert fx.swaps == [("q", [])] and s.active_swaps() == {"q": [r3]}
