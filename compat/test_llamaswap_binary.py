@@ -63,12 +63,11 @@ def test_both_list_the_same_models_with_the_same_names(llamaswap, serve, start_p
     proxy.http.headers.update(KEY)
     theirs, mine = listing(llamaswap.http), listing(proxy.http)
     kind = {i: m["meta"]["llamaswap"]["type"] for i, m in theirs.items()}
-    # What llama-swap lists and gpuproxy does not, each for a reason the import warns about
-    # or the fixture says: a selector and a peer's model (not supported), and vllm-32b
-    # (`enabled: false`, a gpuproxy extension llama-swap never sees).
+    # Both list the fixture's selector and its peer's model (issue 19); only llama-swap lists
+    # vllm-32b (`enabled: false`, a gpuproxy extension llama-swap never sees).
     assert {i for i, k in kind.items() if k in ("selector", "peer")} == {
         "fast", "openrouter/deepseek/deepseek-v3.2"}
-    assert set(theirs) - set(mine) == {"fast", "openrouter/deepseek/deepseek-v3.2", "vllm-32b"}
+    assert set(theirs) - set(mine) == {"vllm-32b"}
     assert set(mine) <= set(theirs)
     # includeAliasesInList: aliases are listed by both; `embed` is unlisted by both.
     assert {"chat", "gpt-4o-mini", "qwen-coder:think"} <= set(mine)
