@@ -404,3 +404,38 @@ async def test_without_an_api_key_the_clients_key_for_us_still_never_reaches_the
     for _, got, sent in peer.requests:
         assert b"authorization" not in got and b"x-api-key" not in got
         assert CLIENT_KEY.encode() not in b"".join(k + v for k, v in got.items()) + sent
+
+
+class ClosesReused(FakePeer):
+    """Keeps a connection open after its first answer, and closes it unanswered when the
+    next request comes on it: what a server does to a keep-alive connection it has just
+    timed out."""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in range(2):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                               if h.lower().startswith(b"content-length:")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append((head.split(b"\r\n")[0], {}, body))
+                if n == 1:
+                    return
+                await answer_json(writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytestmark_db
+async def test_a_reused_connection_the_peer_closed_unread_is_sent_once_more_fresh():
+    async with ClosesReused(answer_json) as peer:
+        await _runtime(peer.port)
+        try:
+            statuses = [(await call({"model": "lab/qwen"}, _bearer(CLIENT_KEY)))[0]
+                        for _ in range(2)]
+        finally:
+            await runtime.shutdown()
+    assert statuses == [200, 200]
+    assert len(peer.requests) == 3  # the second was sent twice

@@ -170,13 +170,21 @@ async def send(ex: UpstreamExchange, route: Route, body: bytes, upstream_path: s
     headers = headers_for(peer, ex.scope["headers"], ex._drop, len(body), priority, arrived)
     where = f"peer {peer.peer_id!r} at {host_of(peer)}"
     head_within = seconds(peer, "responseHeader", RESPONSE_HEADER)
-    relay.begin_attempt(route.target, ex._streams)
+    target = url(peer, upstream_path, ex.scope.get("query_string", b""))
+    timeouts = relay.peer_timeout(seconds(peer, "connect", CONNECT))
     try:
         async with asyncio.timeout(head_within or None):
-            response = await relay.send(
-                ex.scope["method"], url(peer, upstream_path, ex.scope.get("query_string", b"")),
-                headers, body, 0.0,
-                timeouts=relay.peer_timeout(seconds(peer, "connect", CONNECT)))
+            for fresh in (False, True):
+                relay.begin_attempt(route.target, ex._streams)
+                try:
+                    response = await relay.send(ex.scope["method"], target, headers, body, 0.0,
+                                                fresh=fresh, timeouts=timeouts)
+                    break
+                except (httpx.TransportError, aiohttp.ClientError) as exc:
+                    # once more, fresh, only when a reused connection was closed before the
+                    # peer could have read the request (relay.may_retry)
+                    if fresh or not relay.may_retry(relay.failure(exc)):
+                        raise
     except TimeoutError:
         await _failed(ex, 504, f"{where} sent no response head within {head_within:g} s "
                       f"(peers.{peer.peer_id}.timeouts.responseHeader)", "peer_timeout")
