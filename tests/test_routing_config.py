@@ -474,3 +474,25 @@ def test_a_rows_own_check_names_the_field(row, field):
     with pytest.raises(ValidationError) as info:
         row.full_clean()
     assert field in info.value.message_dict, info.value.message_dict
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("make", [
+    lambda: MatrixSet(name="s", dsl="a"),
+    lambda: Peer(peer_id="p", proxy="http://h", models_list=["x"]),
+    lambda: Selector(selector_id="s", strategy="pin", targets=["a"]),
+    lambda: Profile(name="p", pins={"x": "a"}),
+], ids=["set", "peer", "selector", "profile"])
+def test_a_committed_save_or_delete_tells_the_running_proxy(make, monkeypatch,
+                                                            django_capture_on_commit_callbacks):
+    """The save signals (scheduling/signals.py) cover the routing tables as the others: an
+    admin edit reaches a running proxy at once, not at its next fingerprint poll."""
+    reloads: list[int] = []
+    monkeypatch.setattr("scheduling.live.reload", lambda: reloads.append(1))
+    with django_capture_on_commit_callbacks(execute=True):
+        row = make()
+        row.save()
+    assert reloads == [1]
+    with django_capture_on_commit_callbacks(execute=True):
+        row.delete()
+    assert reloads == [1, 1]
