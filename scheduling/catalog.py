@@ -119,6 +119,9 @@ class Catalog:
     matrix_vars: dict[str, str] = field(default_factory=dict)
     matrix_evict_costs: dict[str, int] = field(default_factory=dict)
     matrix_sets: tuple[tuple[str, str], ...] = ()  # (name, DSL) in definition order
+    # every defined model id, disabled ones too: a set may name one, and disabling a model
+    # must not make the matrix fail to compile
+    matrix_models: frozenset[str] = frozenset()
     peers: dict[str, CatalogPeer] = field(default_factory=dict)
     selectors: dict[str, CatalogSelector] = field(default_factory=dict)
     profiles: dict[str, CatalogProfile] = field(default_factory=dict)
@@ -179,7 +182,8 @@ class Catalog:
         if self.router == "matrix":
             try:
                 return MatrixSwapper.compile(self.matrix_sets, self.matrix_vars,
-                                             self.matrix_evict_costs, self.models)
+                                             self.matrix_evict_costs,
+                                             self.matrix_models | self.models.keys())
             except MatrixError as exc:
                 logger.error("the matrix does not compile (%s): every model runs alone", exc)
                 return MatrixSwapper.compile((), {}, {}, self.models)
