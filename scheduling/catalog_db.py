@@ -158,6 +158,7 @@ def build_catalog() -> Catalog:
         matrix_evict_costs=dict(settings.matrix_evict_costs or {}),
         matrix_sets=tuple(MatrixSet.objects.order_by("position", "name").values_list(
             "name", "dsl")),
+        matrix_models=frozenset(ModelDefinition.objects.values_list("model_id", flat=True)),
         peers=peers,
         selectors=selectors,
         profiles=profiles,

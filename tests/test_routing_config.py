@@ -496,3 +496,14 @@ def test_a_committed_save_or_delete_tells_the_running_proxy(make, monkeypatch,
     with django_capture_on_commit_callbacks(execute=True):
         row.delete()
     assert reloads == [1, 1]
+
+
+@pytest.mark.django_db
+def test_a_disabled_model_in_a_set_leaves_the_matrix_in_force():
+    """Disabling b (named by the sets `small` and `all`) must not make the matrix fail to
+    compile and every model run alone: a and c still share the set `big`."""
+    apply(ROUTED)
+    ModelDefinition.objects.filter(model_id="b").update(enabled=False)
+    c = build_catalog()
+    assert "b" not in c.models
+    assert c.swapper().eviction_for("c", ["a"]) == []
