@@ -166,3 +166,21 @@ def test_pins_route_as_llamaswaps(pair: Pair, profile: str) -> None:
         mine, theirs = pair.both("POST", "/v1/chat/completions", json=chat)
         assert served(theirs) == expected, (profile, name, theirs.text)
         assert served(mine) == expected, (profile, name, mine.text)
+
+
+#: `/upstream/<name>/v1/models` under each profile: the longest pin leading the path is
+#: replaced by its target (llama-swap's `upstreamProfilePin`); a pin to nothing is 404.
+UPSTREAM: dict[str, dict[str, str | int]] = {
+    "coding": {"public": "real", "real": "other", "realias": "real", "disabled": 404,
+               "empty": 404},
+    "": {"public": 404, "real": "real"},
+}
+
+
+@pytest.mark.parametrize("profile", list(UPSTREAM))
+def test_upstream_paths_are_pinned_as_llamaswaps(pair: Pair, profile: str) -> None:
+    activate(pair, profile or None)
+    for name, expected in UPSTREAM[profile].items():
+        mine, theirs = pair.both("GET", f"/upstream/{name}/v1/models")
+        assert served(theirs) == expected, (profile, name, theirs.text)
+        assert served(mine) == expected, (profile, name, mine.text)

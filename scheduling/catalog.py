@@ -175,6 +175,21 @@ class Catalog:
                          peer_id=peer[0], peer_model=peer[1])
         return Route("unknown", name, requested, pinned_by)
 
+    def upstream_pin(self, rest: str) -> tuple[str, str, str] | None:
+        """`/upstream/<rest>` under the active profile, as llama-swap's `upstreamProfilePin`
+        (ids may hold slashes): the longest pin that is `rest` or leads it, as (the pin,
+        `rest` with the pin's target in its place or "" for a pin to nothing, the profile);
+        None when no pin applies."""
+        prof = self.profiles.get(self.active_profile) if self.active_profile else None
+        if prof is None:
+            return None
+        pin = max((p for p in prof.pins if rest == p or rest.startswith(p + "/")),
+                  key=len, default="")
+        if not pin:
+            return None
+        target = prof.pins[pin]
+        return pin, (target + rest[len(pin):] if target else ""), prof.name
+
     def swapper(self) -> Swapper:
         """The router in force: groups, or the matrix's sets. A matrix that does not compile
         (the admin and the importer refuse one, so this is a bug) runs every model alone,

@@ -173,3 +173,31 @@ def test_a_local_model_shadows_a_bare_peer_name() -> None:
     assert c.route("real") == Route("model", "real", "real")
     assert c.route("solo/real") == Route("peer", "solo/real", "solo/real",
                                          peer_id="solo", peer_model="real")
+
+
+# ---------------------------------------------------------------------------- /upstream/<pin>/…
+
+def pinned(pins: dict[str, str | None], rest: str) -> tuple[str, str, str] | None:
+    return catalog("p", profiles={"p": CatalogProfile("p", "", pins)}).upstream_pin(rest)
+
+
+def test_an_upstream_path_takes_the_longest_pin_that_leads_it() -> None:
+    """llama-swap's own cases (profiles_test.go `RewriteUpstreamPath`)."""
+    assert pinned({"public": "real"}, "public/v1/chat/completions") == (
+        "public", "real/v1/chat/completions", "p")
+    assert pinned({"author": "short", "author/public": "real"},
+                  "author/public/v1/chat/completions") == (
+        "author/public", "real/v1/chat/completions", "p")
+    assert pinned({"disabled": ""}, "disabled/v1/chat/completions") == ("disabled", "", "p")
+    assert pinned({"disabled": None}, "disabled") == ("disabled", "", "p")
+    assert pinned({"public": "real"}, "real/v1/chat/completions") is None
+
+
+def test_an_upstream_pin_matches_whole_segments_only() -> None:
+    assert pinned({"pub": "real"}, "public/health") is None
+    assert pinned({"public": "real"}, "public") == ("public", "real", "p")
+
+
+def test_no_active_profile_pins_no_upstream_path() -> None:
+    assert catalog().upstream_pin("public/health") is None
+    assert catalog("gone").upstream_pin("public/health") is None

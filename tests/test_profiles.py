@@ -218,6 +218,9 @@ def test_pins_route_requests_and_a_switch_applies_to_the_next_request(serve):
     r = chat(proxy, "disabled")
     assert r.status_code == 404
     assert "'coding'" in r.json()["error"]["message"]  # the profile that disables it
+    assert served_by(proxy.http.get("/upstream/public/v1/models")) == "real"  # pinned too
+    r = proxy.http.get("/upstream/disabled/health")
+    assert r.status_code == 404 and "'coding'" in r.json()["error"]["message"]
     row = until("the pinned request's activity row", lambda: RequestLog.objects.filter(
         model_requested="public").first())
     assert row.model == "real"

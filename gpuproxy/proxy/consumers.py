@@ -376,8 +376,13 @@ class ProxyConsumer(UpstreamExchange):
 
     async def upstream_passthrough(self, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""
-        model_id, sub = resolve_prefix(self.rt.catalog, rest)
         self.rec.model_requested = rest.split("/", 1)[0]
+        if (pinned := self.rt.catalog.upstream_pin(rest)) is not None:  # llama-swap's too
+            pin, rest, profile = pinned
+            if not rest:  # pinned to nothing
+                why = f"the active profile {profile!r} disables it"
+                return await self.send_error(ModelNotFound(pin, why))
+        model_id, sub = resolve_prefix(self.rt.catalog, rest)
         if model_id is None:
             await self.send_error(ModelNotFound(rest.split("/", 1)[0]))
             return
