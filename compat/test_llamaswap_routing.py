@@ -18,27 +18,29 @@ evictions for a sequential client are the same.
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from compat.sidebyside import Side, shape, start_gpuproxy, start_llamaswap
+from compat.routing_sides import (
+    Recorder,
+    Routed,
+    fake_models,
+    free_ports,
+    model_list,
+    ready,
+    start_recorder,
+)
+from compat.sidebyside import shape, start_gpuproxy, start_llamaswap
 from tests.conftest import _worker_counts, database_url, free_port
 from tests.helpers import until
 
 pytestmark = pytest.mark.django_db
 
 PEER_KEY = "sk-peer-7f3a-not-for-clients"
-FAKE_CMD = "{python} -m gpuproxy.testing.fakellm --port {port} --model {model}"
 #: The example's matrix models (its vars and the ids its sets name), and one in no set.
 MODELS = ("gemma-model", "qwen-model", "mistral-model", "voxtral-model", "reranker-model",
           "llama-70B", "stable-diffusion", "loner")
@@ -96,92 +98,8 @@ selectors:
 
 
 def config(ports: dict[str, int], recorder: int, other: int, scheduler: str) -> str:
-    models = "\n".join(
-        f"  {m}:\n    cmd: {FAKE_CMD.format(python=sys.executable, port=ports[m], model=m)}\n"
-        f"    proxy: http://127.0.0.1:{ports[m]}" for m in MODELS)
-    return CONFIG.format(models=models, recorder=recorder, other=other, key=PEER_KEY,
+    return CONFIG.format(models=fake_models(ports), recorder=recorder, other=other, key=PEER_KEY,
                          scheduler=scheduler)
-
-
-# ---------------------------------------------------------------------------- the peers
-
-
-@dataclass
-class Recorder:
-    """A peer that answers every POST with a chat completion naming the model it was asked
-    for, and keeps what it received (path, headers, body)."""
-
-    name: str
-    server: ThreadingHTTPServer
-    seen: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    def take(self) -> list[dict[str, Any]]:
-        taken, self.seen[:] = list(self.seen), []
-        return taken
-
-
-def start_recorder(name: str) -> Recorder:
-    rec: Recorder
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0))
-                              or b"{}")
-            rec.seen.append({"path": self.path, "body": body,
-                             "headers": {k.lower(): v for k, v in self.headers.items()}})
-            answer = json.dumps({"id": "chatcmpl-rec", "object": "chat.completion",
-                                 "created": 0, "model": body.get("model"),
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant",
-                                                          "content": f"from {name}"}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            """Quiet: pytest shows the test's own output."""
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    rec = Recorder(name, server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return rec
-
-
-# ---------------------------------------------------------------------------- both proxies
-
-
-@dataclass
-class Routed:
-    """One proxy with its own fakes' ports."""
-
-    side: Side
-    ports: dict[str, int]
-
-    def chat(self, model: str, **headers: str) -> httpx.Response:
-        return self.side.http.post("/v1/chat/completions", headers=headers, json={
-            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-
-    def running(self) -> list[str]:
-        """The models /running lists, by name (every state: a loading model holds its GPUs)."""
-        r = self.side.http.get("/running")
-        assert r.status_code == 200, (self.side.name, r.text)
-        return sorted(item["model"] for item in r.json()["running"])
-
-    def unload_all(self) -> None:
-        r = self.side.http.post("/api/models/unload")
-        assert r.status_code == 200, (self.side.name, r.text)
-        until(f"{self.side.name} runs nothing", lambda: not self.running(), within=30)
-
-    def open_gate(self, model: str, gate: str) -> None:
-        r = httpx.post(f"http://127.0.0.1:{self.ports[model]}/fake/gates/open",
-                       json={"gate": gate}, timeout=10, trust_env=False)
-        assert r.status_code == 200, r.text
 
 
 @dataclass
@@ -197,11 +115,6 @@ class Both:
         return (self.theirs, self.ours)
 
 
-def _ports() -> dict[str, int]:
-    base = free_port()
-    return {m: base + i for i, m in enumerate(MODELS)}
-
-
 @pytest.fixture(scope="module",
                 params=[*((w, "fifo") for w in _worker_counts()), (1, "serial")],
                 ids=lambda p: f"workers{p[0]}-{p[1]}")
@@ -214,12 +127,12 @@ def both(request, llamaswap_bin: Path, tmp_path_factory, django_db_setup,
     recorder, other = start_recorder("recorder"), start_recorder("other")
     with django_db_blocker.unblock():
         url = database_url()
-    their_ports = _ports()
+    their_ports = free_ports(MODELS)
     theirs = start_llamaswap(llamaswap_bin, config(their_ports, recorder.port, other.port,
                                                    "fifo"),
                              folder / "llama-swap", free_port())
     try:
-        our_ports = _ports()
+        our_ports = free_ports(MODELS)
         ours = start_gpuproxy(config(our_ports, recorder.port, other.port, scheduler),
                               folder / "gpuproxy", free_port(), workers, url)
     except BaseException:
@@ -228,9 +141,8 @@ def both(request, llamaswap_bin: Path, tmp_path_factory, django_db_setup,
     yield Both(Routed(ours, our_ports), Routed(theirs, their_ports), recorder, other, scheduler)
     ours.stop()
     theirs.stop()
-    for rec in (recorder, other):
-        rec.server.shutdown()
-        rec.server.server_close()
+    recorder.close()
+    other.close()
 
 
 # ---------------------------------------------------------------------------- the matrix
@@ -314,12 +226,6 @@ def test_a_bare_name_two_peers_have_is_not_found_alike(both: Both) -> None:
     assert both.recorder.take() == [] and both.other.take() == []
 
 
-def model_list(routed: Routed) -> dict[str, dict[str, Any]]:
-    r = routed.side.http.get("/v1/models")
-    assert r.status_code == 200, (routed.side.name, r.text)
-    return {item["id"]: item for item in r.json()["data"]}
-
-
 #: What llama-swap lists beside the local models, read from its answer on this config by hand.
 PEER_IDS = {"recorder/model_a", "recorder/shared", "other/shared", "other/model_b"}
 SELECTOR_IDS = {"coding-model", "llm-plan", "llama"}
@@ -399,21 +305,16 @@ def test_spillover_selector_fills_then_spills_alike(both: Both) -> None:
             first = pool.submit(routed.chat, "llama", **{"X-Fake-Gate": "spill"})
             until(f"{routed.side.name}: the first is at gemma-model",
                   lambda routed=routed: routed.running() == ["gemma-model"]
-                  and _ready(routed, "gemma-model"), within=30)
+                  and ready(routed, "gemma-model"), within=30)
             second = pool.submit(routed.chat, "llama", **{"X-Fake-Gate": "spill"})
             until(f"{routed.side.name}: the second spilled to voxtral-model",
                   lambda routed=routed: routed.running() == ["gemma-model", "voxtral-model"],
                   within=30)
             for model in ("gemma-model", "voxtral-model"):
-                until(f"{model} ready", lambda routed=routed, model=model: _ready(routed, model),
+                until(f"{model} ready", lambda routed=routed, model=model: ready(routed, model),
                       within=30)
                 routed.open_gate(model, "spill")
             assert first.result(timeout=30).status_code == 200
             assert second.result(timeout=30).status_code == 200
             answered = sorted(f.result().json()["model"] for f in (first, second))
             assert answered == ["gemma-model", "voxtral-model"], (routed.side.name, answered)
-
-
-def _ready(routed: Routed, model: str) -> bool:
-    r = routed.side.http.get("/running").json()["running"]
-    return any(item["model"] == model and item.get("state") == "ready" for item in r)
