@@ -29,6 +29,8 @@ from django.urls import path
 from gpuproxy.api.decorators import ApiRequest, api_view, json_error
 from gpuproxy.shell import runtime
 from scheduling.catalog import Catalog
+from scheduling.models import ProxySettings
+from scheduling.routing_models import Profile
 
 logger = logging.getLogger("gpuproxy.api.profiles")
 
@@ -87,9 +89,6 @@ def _save_active(name: str) -> tuple[bool, str]:
     """Make `name` the active profile ("" for none). Returns (whether the profile exists,
     the one active before). Saved as a normal save, so the save signal reloads every running
     proxy (scheduling/signals.py); a save that changes nothing is skipped."""
-    from scheduling.models import ProxySettings
-    from scheduling.routing_models import Profile
-
     with transaction.atomic():
         if name and not Profile.objects.filter(name=name).exists():
             return False, ""
