@@ -27,6 +27,7 @@ from scheduling.admin_routing import (  # the routing pages register themselves 
     ROUTING_FIELDSET,
     ManagedBanner,
     ProxySettingsForm,
+    RoutingAdmin,
 )
 from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
@@ -272,7 +273,7 @@ class ModelGroupAdmin(ManagedBanner):
 
 
 @admin.register(ProxySettings)
-class ProxySettingsAdmin(ManagedBanner):
+class ProxySettingsAdmin(RoutingAdmin):
     """One change page: no add, no delete; the list redirects to the single row.
 
     The page shows what the scheduler values guarantee (scheduling/guarantees.py), rendered

@@ -13,20 +13,23 @@ Saves reach a running proxy through the scheduling signals, like every other tab
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, reverse
+from django.utils.html import escape
 
-from scheduling.core.matrix import MatrixError, MatrixSwapper, parse_dsl
-from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
+from scheduling import routing_checks
+from scheduling.core.matrix import MatrixError, parse_dsl
+from scheduling.llamaswap.errors import ConfigError
+from scheduling.models import ConfigImport, ProxySettings
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
 #: combinations the check lists at most: a set of many `|` under `&` multiplies out, and the
@@ -47,9 +50,16 @@ def managed_by(kind: str, name: str | None) -> str | None:
 
 
 class ManagedBanner(admin.ModelAdmin):
-    """Adds `managed_by` to the change page (templates/admin/scheduling/managed_banner.html)."""
+    """Adds `managed_by` to the change page (templates/admin/scheduling/managed_banner.html).
+    Help texts are text: they write llama-swap's keys as `peers.<id>`, which HTML swallows."""
 
     managed_kind = ""
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and field.help_text:
+            field.help_text = escape(field.help_text)
+        return field
 
     def managed_name(self, obj) -> str | None:
         return None
@@ -79,24 +89,16 @@ class SetCheck:
                 "truncated": self.truncated, "note": self.note}
 
 
-def _enabled_models() -> list[str]:
-    """The ids the running proxy compiles the matrix against (its catalog holds the enabled
-    models only), so a set naming a disabled model is refused here as it would fail there."""
-    return list(ModelDefinition.objects.filter(enabled=True).values_list("model_id", flat=True))
-
-
-def compile_matrix(sets: Sequence[tuple[str, str]], variables: Any,
-                   evict_costs: Any) -> MatrixSwapper:
-    """MatrixSwapper.compile with the JSON fields' types checked first (a form may hold any
-    JSON); MatrixError says what is wrong."""
+def json_types(variables: Any, evict_costs: Any) -> str:
+    """What is wrong with the matrix's JSON fields' types ("" when nothing): a form may hold
+    any JSON, the checks expect objects."""
     if not isinstance(variables, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
-        raise MatrixError('matrix vars must be an object of names to model ids, e.g. '
-                          '{"g": "gemma"}')
+        return 'matrix vars must be an object of names to model ids, e.g. {"g": "gemma"}'
     if not isinstance(evict_costs, dict):
-        raise MatrixError('matrix evict costs must be an object of model ids or vars to '
-                          'positive integers, e.g. {"llama-70B": 30}')
-    return MatrixSwapper.compile(sets, variables, evict_costs, _enabled_models())
+        return ('matrix evict costs must be an object of model ids or vars to positive '
+                'integers, e.g. {"llama-70B": 30}')
+    return ""
 
 
 def _other_sets(pk: int | None) -> QuerySet[MatrixSet]:
@@ -154,20 +156,77 @@ def check_set(name: str, dsl: str, position: int = 0, pk: int | None = None) -> 
         return SetCheck(error="the set needs a name (`+name` refers to it)")
     if _other_sets(pk).filter(name=name).exists():
         return SetCheck(error=f"a matrix set named {name!r} already exists: pick another name")
-    settings = ProxySettings.load()
-    sets = _sets_with(name, dsl, position, pk)
     try:
-        compile_matrix(sets, settings.matrix_vars, settings.matrix_evict_costs)
-        combos, truncated = _combinations(dict(sets), name, settings.matrix_vars)
-    except MatrixError as exc:
-        return SetCheck(error=str(exc))
+        parse_dsl(dsl)
+    except MatrixError as exc:  # in the model's clean() words, which a save shows
+        return SetCheck(error=f"set {name!r}: {exc}")
+    view = routing_checks.database_view()
+    sets = tuple(_sets_with(name, dsl, position, pk))
+    if wrong := json_types(view.matrix_vars, view.matrix_evict_costs):
+        return SetCheck(error=wrong)
+    try:
+        # compiled even under the group router, so a set is right before the switch
+        routing_checks.compile_matrix(replace(view, router="matrix", matrix_sets=sets))
+        if view.router == "matrix":  # what else the sets decide (spillover coexistence)
+            routing_checks.check(replace(view, matrix_sets=sets))
+        combos, truncated = _combinations(dict(sets), name, view.matrix_vars)
+    except ConfigError as exc:
+        return SetCheck(error=exc.message)
     shown = tuple(tuple(sorted(c)) for c in combos[:COMBINATIONS_SHOWN])
     note = ""
-    if settings.router != "matrix":
+    if view.router != "matrix":
         note = ("The router in force is group: the matrix applies once the settings page's "
                 "router is matrix.")
     return SetCheck(combinations=shown, truncated=truncated or len(combos) > len(shown),
                     note=note)
+
+
+class RoutingChecked:
+    """A form whose row the routing rules span (scheduling/routing_checks.py): once the row
+    is built and valid on its own, the rules run on the database with it in place, as the
+    importer runs them on a file. Their warnings (a name matching nothing yet) are kept for
+    `RoutingAdmin` to show after the save."""
+
+    routing_warnings: list[str]
+    #: the row's name field (a rename replaces the old row in the check); "" for settings
+    KEY = ""
+    #: the form field a rule's key path points at: its segment (brackets dropped) -> field
+    FIELD_OF: dict[str, str] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.routing_warnings = []
+        instance = self.instance  # type: ignore[attr-defined]
+        self.original_key: str | None = (getattr(instance, self.KEY)
+                                         if self.KEY and instance.pk else None)
+
+    def routing_field(self, exc: ConfigError) -> str | None:
+        for segment in reversed(exc.path.split(".")):
+            field = self.FIELD_OF.get(segment.split("[")[0])
+            if field is not None:
+                return field
+        return None
+
+    def _post_clean(self) -> None:
+        super()._post_clean()  # type: ignore[misc]
+        if self.errors:  # type: ignore[attr-defined]
+            return
+        try:
+            self.routing_warnings = routing_checks.check_candidate(
+                self.instance, original_key=self.original_key)  # type: ignore[attr-defined]
+        except ConfigError as exc:
+            field = self.routing_field(exc)
+            message = exc.message if field else f"{exc.path}: {exc.message}"
+            self.add_error(field, message)  # type: ignore[attr-defined]
+
+
+class RoutingAdmin(ManagedBanner):
+    """Shows a `RoutingChecked` form's warnings once the row is saved."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        for warning in getattr(form, "routing_warnings", ()):
+            messages.warning(request, warning)
 
 
 # ---- matrix sets -----------------------------------------------------------------------------
@@ -179,19 +238,20 @@ class MatrixSetForm(forms.ModelForm):
         widgets = {"dsl": forms.Textarea(attrs={"rows": 2, "cols": 80, "spellcheck": "false",
                                                 "autocomplete": "off"})}
 
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        data = self.cleaned_data
-        if {"name", "dsl"} <= data.keys():
-            result = check_set(data["name"], data["dsl"], data.get("position") or 0,
-                               self.instance.pk)
-            if result.error:
-                raise ValidationError({"dsl": result.error})
-        return data
+    def _post_clean(self) -> None:
+        """After the model's own clean() (the syntax), the check the page ran as it was
+        typed, on the set as it would be saved."""
+        super()._post_clean()  # type: ignore[misc]
+        if self.errors:
+            return
+        obj = self.instance
+        result = check_set(obj.name, obj.dsl, obj.position or 0, obj.pk)
+        if result.error:
+            self.add_error("dsl", result.error)
 
 
 @admin.register(MatrixSet)
-class MatrixSetAdmin(ManagedBanner):
+class MatrixSetAdmin(RoutingAdmin):
     form = MatrixSetForm
     list_display = ("name", "position", "dsl")
     list_editable = ("position",)
@@ -201,6 +261,13 @@ class MatrixSetAdmin(ManagedBanner):
 
     def managed_name(self, obj: MatrixSet) -> str | None:
         return obj.name
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """A new set goes last: ties in eviction cost go to the sets defined before it."""
+        initial: dict[str, Any] = dict(super().get_changeform_initial_data(request))
+        last = MatrixSet.objects.order_by("-position").values_list("position", flat=True).first()
+        initial.setdefault("position", 0 if last is None else last + 1)
+        return initial
 
     def get_urls(self):
         check = path("check/", self.admin_site.admin_view(self.check_view),
@@ -247,7 +314,7 @@ KEY_SET = "set (hidden)"
 KEY_NONE = "none"
 
 
-class PeerForm(forms.ModelForm):
+class PeerForm(RoutingChecked, forms.ModelForm):
     """The key is write-only: the field is always empty on the page; blank keeps the saved key
     and `clear_api_key` removes it."""
 
@@ -260,6 +327,9 @@ class PeerForm(forms.ModelForm):
     clear_api_key = forms.BooleanField(
         label="remove the saved API key", required=False,
         help_text="Send no key to the peer from now on.")
+
+    KEY = "peer_id"
+    FIELD_OF = {"models": "models_list", "proxy": "proxy"}
 
     class Meta:
         model = Peer
@@ -309,7 +379,7 @@ def peer_host(proxy: str) -> str:
 
 
 @admin.register(Peer)
-class PeerAdmin(ManagedBanner):
+class PeerAdmin(RoutingAdmin):
     form = PeerForm
     list_display = ("peer_id", "host", "models_shown", "priority_forward", "key_state")
     search_fields = ("peer_id", "proxy")
@@ -338,8 +408,27 @@ class PeerAdmin(ManagedBanner):
 
 # ---- selectors and profiles ------------------------------------------------------------------
 
+class SelectorForm(RoutingChecked, forms.ModelForm):
+    KEY = "selector_id"
+    FIELD_OF = {"targets": "targets", "spillover": "spillover"}
+
+    class Meta:
+        model = Selector
+        fields = "__all__"
+
+
+class ProfileForm(RoutingChecked, forms.ModelForm):
+    KEY = "name"
+    FIELD_OF = {"pins": "pins"}
+
+    class Meta:
+        model = Profile
+        fields = "__all__"
+
+
 @admin.register(Selector)
-class SelectorAdmin(ManagedBanner):
+class SelectorAdmin(RoutingAdmin):
+    form = SelectorForm
     list_display = ("selector_id", "strategy", "targets_shown", "spillover", "unlisted")
     list_filter = ("strategy", "unlisted")
     search_fields = ("selector_id", "name", "description")
@@ -358,7 +447,8 @@ class SelectorAdmin(ManagedBanner):
 
 
 @admin.register(Profile)
-class ProfileAdmin(ManagedBanner):
+class ProfileAdmin(RoutingAdmin):
+    form = ProfileForm
     list_display = ("name", "active", "description", "pins_shown")
     search_fields = ("name", "description")
     managed_kind = "profiles"
@@ -394,7 +484,7 @@ ROUTING_FIELDSET: Any = ("Routing", {  # a fieldset of ProxySettingsAdmin's
                    "every request at once."})
 
 
-class ProxySettingsForm(forms.ModelForm):
+class ProxySettingsForm(RoutingChecked, forms.ModelForm):
     """`active_profile` is a choice of the defined profiles; switching to the matrix router
     compiles the matrix first, so the proxy never runs one that does not."""
 
@@ -421,17 +511,15 @@ class ProxySettingsForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         super().clean()
         data = self.cleaned_data
-        if data.get("router") == "matrix" and {"matrix_vars", "matrix_evict_costs"} <= data.keys():
-            sets = list(MatrixSet.objects.values_list("name", "dsl"))
-            if not sets:
-                self.add_error("router", "The matrix router needs at least one matrix set: "
-                                         "add one under Matrix sets first.")
-                return data
-            try:
-                compile_matrix(sets, data["matrix_vars"] or {}, data["matrix_evict_costs"] or {})
-            except MatrixError as exc:
-                field = ("matrix_evict_costs" if "evict" in str(exc)
-                         else "matrix_vars" if "var key" in str(exc) else "router")
-                self.add_error(field, f"The matrix does not compile: {exc}.")
+        if {"matrix_vars", "matrix_evict_costs"} <= data.keys() and (
+                wrong := json_types(data["matrix_vars"] or {}, data["matrix_evict_costs"] or {})):
+            self.add_error("matrix_vars" if "vars" in wrong else "matrix_evict_costs", wrong)
         return data
+
+    def routing_field(self, exc: ConfigError) -> str | None:
+        if exc.path.startswith(routing_checks.MATRIX_PATH):
+            if "var key" in exc.message:
+                return "matrix_vars"
+            return "matrix_evict_costs" if "evict_cost" in exc.message else "router"
+        return None
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db
 
 CHECK = "admin:scheduling_matrixset_check"
 PEER_KEY = "sk-peer-Zq8mW2xK5vR9tY3u"
+REMEDY = "; define the model under models:, or fix the set"  # scheduling/routing_checks.py
 
 
 @pytest.fixture
@@ -97,10 +98,9 @@ def test_subsets_are_not_listed_beside_the_combination_that_holds_them(client, m
 
 @pytest.mark.parametrize(("dsl", "error"), [
     ("llama & (qwen", "set 's': missing closing parenthesis"),
-    ("llama & nope", "set 's': unknown var or model 'nope'"),
-    ("llama & off", "set 's': unknown var or model 'off'"),  # disabled: not in the catalog
+    ("llama & nope", f"set 's': unknown var or model 'nope'{REMEDY}"),
     ("llama &", "set 's': unexpected end"),
-    ("+missing", "set 's' references undefined set 'missing'"),
+    ("+missing", f"set 's' references undefined set 'missing'{REMEDY}"),
     ("llama ; qwen", "set 's': unexpected character ';' at position 6"),
     ("  ", "set 's': empty expression"),
 ])
@@ -143,7 +143,7 @@ def test_a_set_is_added_and_a_bad_one_refused_with_the_checks_words(client, mode
     add = reverse("admin:scheduling_matrixset_add")
     r = client.post(add, {"name": "bad", "dsl": "llama & nope", "position": "0"})
     assert r.status_code == 200
-    assert errors(r) == {"dsl": ["set 'bad': unknown var or model 'nope'"]}
+    assert errors(r) == {"dsl": [f"set 'bad': unknown var or model 'nope'{REMEDY}"]}
     assert not MatrixSet.objects.exists()
     r = client.post(add, {"name": "pair", "dsl": "llama & embed", "position": "0"})
     assert r.status_code == 302
@@ -313,18 +313,17 @@ def test_a_deleted_active_profile_stays_selectable_and_says_it_is_not_defined(
 
 def test_the_matrix_router_needs_a_matrix_that_compiles(client, models, settings_url):
     r = client.post(settings_url, form_data(client.get(settings_url), router="matrix"))
-    assert errors(r) == {"router": ["The matrix router needs at least one matrix set: add one "
-                                    "under Matrix sets first."]}
+    assert errors(r) == {"router": ["matrix must define at least one set (a set names models "
+                                    "that may run together)"]}
     MatrixSet.objects.create(name="all", dsl="g & qwen")
     r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
                                             matrix_vars='{"g": "nope"}'))
-    assert errors(r) == {"matrix_vars": ["The matrix does not compile: var key 'g' references "
-                                         "unknown model 'nope'."]}
+    assert errors(r) == {"matrix_vars": [f"var key 'g' references unknown model 'nope'{REMEDY}"]}
     r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
                                             matrix_vars='{"g": "gemma"}',
                                             matrix_evict_costs='{"g": 0}'))
-    assert errors(r) == {"matrix_evict_costs": ["The matrix does not compile: evict_cost for "
-                                                "'g' must be a positive integer, got 0."]}
+    assert errors(r) == {"matrix_evict_costs": ["evict_cost for 'g' must be a positive integer, "
+                                                f"got 0{REMEDY}"]}
     r = client.post(settings_url, form_data(client.get(settings_url), router="matrix",
                                             matrix_vars='{"g": "gemma"}',
                                             matrix_evict_costs='{"g": 30}'))
@@ -354,3 +353,72 @@ def test_an_api_key_can_be_marked_a_trusted_peer(client):
     key.refresh_from_db()
     assert key.trusted_peer
     assert "trusted peer" in text(client.get(reverse("admin:scheduling_apikey_changelist")))
+
+
+def test_a_new_set_is_offered_the_position_after_the_last(client, models):
+    add = reverse("admin:scheduling_matrixset_add")
+    assert client.get(add).context["adminform"].form["position"].value() == 0
+    MatrixSet.objects.create(name="a", dsl="llama", position=0)
+    MatrixSet.objects.create(name="b", dsl="qwen", position=4)
+    assert client.get(add).context["adminform"].form["position"].value() == 5
+
+
+# ---- the rules across tables (scheduling/routing_checks.py), as the importer runs them ------
+
+def add(client: Client, kind: str, **values: str):
+    url = reverse(f"admin:scheduling_{kind}_add")
+    return client.post(url, form_data(client.get(url), **values), follow=True)
+
+
+def test_a_selector_is_refused_in_llama_swaps_words_and_a_dangling_target_warned(client, models):
+    r = add(client, "selector", selector_id="llama", strategy="pin", targets='["qwen"]',
+            spillover="1")
+    assert errors(r) == {"__all__": ["selectors.llama: name conflicts with model ID 'llama'; "
+                                     "rename the selector"]}
+    Peer.objects.create(peer_id="cloud", proxy="http://127.0.0.1:9", models_list=["big"])
+    r = add(client, "selector", selector_id="coder", strategy="warm",
+            targets='["qwen", "cloud/big"]', spillover="1")
+    assert errors(r) == {"targets": ["must resolve to a local model for strategy 'warm' "
+                                     "('cloud/big' is a peer's model; use pin or spillover)"]}
+    r = add(client, "selector", selector_id="coder", strategy="spillover",
+            targets='["qwen", "llama"]', spillover="2")
+    assert "targets" in errors(r)  # both in the default group, where one runs at a time
+    assert not Selector.objects.exists()
+
+    r = add(client, "selector", selector_id="coder", strategy="pin",
+            targets='["qwen", "later"]', spillover="1")
+    assert Selector.objects.filter(selector_id="coder").exists()
+    said = [str(m) for m in r.context["messages"]]
+    assert ("selectors.coder.targets[1]: 'later' is not a model, alias or peer model; the "
+            "selector skips it until it is defined") in said
+
+
+def test_a_matrix_set_edit_that_would_part_a_spillover_selectors_targets_is_refused(
+        client, models):
+    settings = ProxySettings.load()
+    settings.router = "matrix"
+    settings.save()
+    both = MatrixSet.objects.create(name="both", dsl="llama & qwen")
+    Selector.objects.create(selector_id="fill", strategy="spillover", targets=["llama", "qwen"])
+    url = reverse("admin:scheduling_matrixset_change", args=[both.pk])
+    r = client.post(url, form_data(client.get(url), dsl="llama | qwen"))
+    assert errors(r) == {"dsl": ["must all appear together in one expanded matrix set "
+                                 "(llama, qwen); add a set that holds them"]}
+    assert check(client, "llama | qwen", name="both", pk=both.pk)["error"] == (
+        "must all appear together in one expanded matrix set (llama, qwen); add a set that "
+        "holds them")
+
+
+def test_a_peer_model_name_taken_by_a_model_is_refused(client, models):
+    ModelDefinition.objects.create(model_id="remote/qwen", cmd="x", proxy="http://127.0.0.1:1")
+    r = add_peer(client, models_list='["qwen"]')
+    assert errors(r) == {"models_list": [
+        "model ID 'remote/qwen' conflicts with fully qualified peer model name (of "
+        "peers.remote); rename the model or the peer"]}
+
+
+def test_help_texts_that_write_llama_swaps_keys_keep_their_angle_brackets(client):
+    page = client.get(reverse("admin:scheduling_peer_add")).content.decode()
+    assert "`peers.&lt;id&gt;`" in page
+    page = client.get(reverse("admin:scheduling_modeldefinition_add")).content.decode()
+    assert "`models.&lt;id&gt;`" in page
