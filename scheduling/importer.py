@@ -107,6 +107,8 @@ class ImportReport:
     unchanged: bool = False
     # One line per change, as a person reads it ("model 'x': cmd changed"); no secret values
     changes: list[str] = field(default_factory=list)
+    # the file's routing rows, for the summary: (noun, count), only those it has
+    routing: tuple[tuple[str, int], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -118,7 +120,9 @@ class ImportReport:
                     "--force to import it anyway)")
         verb = "would import" if self.dry_run else "imported"
         line = (f"{verb} {_count(self.models, 'model')}, {_count(self.groups, 'group')}, "
-                f"{_count(self.api_keys, 'api key')} from {source}")
+                f"{_count(self.api_keys, 'api key')}"
+                + "".join(f", {_count(n, noun)}" for noun, n in self.routing)
+                + f" from {source}")
         if self.dry_run:
             line += " (dry run: nothing changed)"
         if not self.derived_slots:
@@ -274,7 +278,12 @@ class _Import:
         return ImportReport(models=len(parsed.models), groups=len(parsed.groups), api_keys=keys,
                             written=self.written, deleted=self.deleted,
                             warnings=(*parsed.warnings, *self.warnings), dry_run=dry_run,
-                            derived_slots=derived)
+                            derived_slots=derived, routing=tuple(
+                                (noun, n) for noun, n in (
+                                    ("matrix set", len(parsed.matrix_sets)),
+                                    ("peer", len(parsed.peers)),
+                                    ("selector", len(parsed.selectors)),
+                                    ("profile", len(parsed.profiles))) if n))
 
     def save(self, instance: models.Model, changed: bool) -> None:
         if changed:

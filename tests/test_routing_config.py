@@ -330,6 +330,15 @@ def test_import_writes_the_routing_tables_and_the_catalog_carries_them():
 
 
 @pytest.mark.django_db
+def test_the_summary_counts_the_routing_rows_the_file_has():
+    first = apply(ROUTED).summary("x.yaml").splitlines()[0]
+    assert first == ("imported 3 models, 0 groups, 2 api keys, 3 matrix sets, 1 peer, "
+                     "3 selectors, 2 profiles from x.yaml")
+    first = apply(MODELS).summary("x.yaml").splitlines()[0]
+    assert first == "imported 3 models, 0 groups, 0 api keys from x.yaml"
+
+
+@pytest.mark.django_db
 def test_import_export_import_changes_nothing_for_a_matrix_config():
     apply(ROUTED)
     before = tables()
