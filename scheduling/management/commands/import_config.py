@@ -13,8 +13,9 @@ from scheduling.llamaswap import ConfigError
 
 class Command(BaseCommand):
     help = ("Import a llama-swap config.yaml (or a directory of *.yml/*.yaml files, merged as "
-            "llama-swap's -config-dir does): afterwards the models, groups, settings and API "
-            "keys in the database are exactly those of the file. Unsupported sections are "
+            "llama-swap's -config-dir does): afterwards the models, groups, settings, API "
+            "keys, matrix sets, peers, selectors and profiles in the database are exactly "
+            "those of the file. Unsupported sections are "
             "named in warnings. Nothing changes when the file has an error, or when it is "
             "unchanged since the last import (unless --force).")
 
