@@ -320,3 +320,25 @@ def test_spillover_counts_requests_queued_at_a_loaded_target(kind):
         assert s.queued() == [r2]
     r3 = arrive(s, "pool")
     assert fx.swaps == [("q", [])] and s.active_swaps() == {"q": [r3]}
+
+
+def test_serial_selector_request_does_not_feed_what_a_higher_one_must_stop():
+    """Serial's rule holds for a selector's pick: c is loaded with a free slot (parallel 2)
+    and one request in flight; an interactive request for a must stop c, so it waits for
+    c to drain. A normal request for `fixed` (pin: c) would keep c busy longer: it is not
+    granted c, and stays unbound; a is loaded first, then c again for it."""
+    s, fx = sched("serial", {"fixed": SelectorConfig("pin", ("c",))}, {"c": READY},
+                  parallel=2)
+    busy = arrive(s, "c")
+    hi = arrive(s, "a", priority=100)
+    low = arrive(s, "fixed")
+    assert fx.grants == [(busy, "c")] and fx.swaps == []
+    assert low.model == "fixed" and s.queued() == [hi, low]
+    done(s, fx, busy)
+    assert fx.swaps == [("a", ["c"])] and low.model == "fixed"
+    complete(s, fx, "a")
+    assert fx.grants[-1] == (hi, "a")
+    done(s, fx, hi)
+    assert fx.swaps[-1] == ("c", ["a"]) and low.model == "c"
+    complete(s, fx, "c")
+    assert fx.grants[-1] == (low, "c")
