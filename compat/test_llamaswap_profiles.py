@@ -1,5 +1,6 @@
 """Issue 19's profiles side by side with the real llama-swap: one config with two profiles (a
-pin to a setParamsByID id, to an alias, to another local model, to `~` and to `""`), the same
+pin to a setParamsByID id, to an alias, to another local model, to a selector, to `~` and to
+`""`), the same
 `GET /api/profiles`, `PUT /api/profiles/active` and chat requests sent to both, and compared.
 
 What is compared: the profiles API's answers (statuses and bodies, values included: nothing in
@@ -45,6 +46,10 @@ groups:
   both:
     swap: false
     members: [real, other]
+selectors:
+  any-chat:
+    strategy: pin
+    targets: [other, real]
 profiles:
   coding:
     description: Coding profile
@@ -54,6 +59,7 @@ profiles:
       empty: ""
       real: other
       alias: realias
+      chooser: any-chat
   chat:
     pins:
       public: other
@@ -63,16 +69,16 @@ profiles:
 PROFILES = [
     {"id": "chat", "description": "", "pins": {"public": "other"}},
     {"id": "coding", "description": "Coding profile",
-     "pins": {"alias": "realias", "disabled": "", "empty": "", "public": "variant",
-              "real": "other"}},
+     "pins": {"alias": "realias", "chooser": "any-chat", "disabled": "", "empty": "",
+              "public": "variant", "real": "other"}},
 ]
 
 #: Who serves each name under each profile ("" none), by llama-swap's rules: a pin first,
 #: then ids and aliases; 404 for a name pinned to nothing or defined nowhere.
 ROUTES: dict[str, dict[str, str | int]] = {
     "coding": {"public": "real", "real": "other", "realias": "real", "alias": "real",
-               "other": "other", "variant": "real", "disabled": 404, "empty": 404,
-               "nothere": 404},
+               "other": "other", "variant": "real", "chooser": "other", "disabled": 404,
+               "empty": 404, "nothere": 404},
     "chat": {"public": "other", "real": "real", "alias": 404, "disabled": 404},
     "": {"public": 404, "real": "real", "variant": "real", "disabled": 404},
 }
@@ -184,3 +190,21 @@ def test_upstream_paths_are_pinned_as_llamaswaps(pair: Pair, profile: str) -> No
         mine, theirs = pair.both("GET", f"/upstream/{name}/v1/models")
         assert served(theirs) == expected, (profile, name, theirs.text)
         assert served(mine) == expected, (profile, name, mine.text)
+
+
+def listed(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 200, r.text
+    return {m["id"]: m.get("meta", {}).get("llamaswap", {}).get("type")
+            for m in r.json()["data"]}
+
+
+@pytest.mark.parametrize("profile", ["coding", ""])
+def test_models_lists_the_pins_as_llamaswap(pair: Pair, profile: str) -> None:
+    """The active profile's pins are listed as `type: profile`, but not one pinned to nothing
+    nor one that is a model's own id (internal/server/api.go `handleListModels`)."""
+    activate(pair, profile or None)
+    mine, theirs = pair.both("GET", "/v1/models")
+    pins = {"public": "profile", "alias": "profile", "chooser": "profile"} if profile else {}
+    assert listed(theirs) == {"real": "model", "other": "model", "any-chat": "selector",
+                              **pins}
+    assert listed(mine) == listed(theirs)
