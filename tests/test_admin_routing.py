@@ -422,3 +422,45 @@ def test_help_texts_that_write_llama_swaps_keys_keep_their_angle_brackets(client
     assert "`peers.&lt;id&gt;`" in page
     page = client.get(reverse("admin:scheduling_modeldefinition_add")).content.decode()
     assert "`models.&lt;id&gt;`" in page
+
+
+def test_rows_the_imported_file_defines_carry_its_banner(client, tmp_path):
+    from scheduling.importer import import_path
+
+    config = tmp_path / "config.yaml"
+    config.write_text("""
+models:
+  llama: {cmd: s}
+  qwen: {cmd: s}
+routing:
+  router:
+    use: matrix
+    settings:
+      matrix:
+        sets:
+          solo: "llama | qwen"
+peers:
+  cloud: {proxy: "http://127.0.0.1:9", models: [big]}
+selectors:
+  coder: {strategy: pin, targets: [qwen]}
+profiles:
+  night: {pins: {big: qwen}}
+""", encoding="utf-8")
+    import_path(config)
+    banner = f"Managed by {config}: edits here are replaced when the file changes."
+    filed = {"matrixset": MatrixSet.objects.get(name="solo"),
+             "peer": Peer.objects.get(peer_id="cloud"),
+             "selector": Selector.objects.get(selector_id="coder"),
+             "profile": Profile.objects.get(name="night")}
+    made_here = {"matrixset": MatrixSet.objects.create(name="here", dsl="llama", position=1),
+                 "peer": Peer.objects.create(peer_id="here", proxy="http://127.0.0.1:8",
+                                             models_list=["m"]),
+                 "selector": Selector.objects.create(selector_id="here", strategy="pin",
+                                                     targets=["llama"]),
+                 "profile": Profile.objects.create(name="here", pins={"x": "llama"})}
+    for kind, obj in filed.items():
+        assert banner in text(client.get(reverse(f"admin:scheduling_{kind}_change",
+                                                 args=[obj.pk]))), kind
+    for kind, obj in made_here.items():
+        assert "Managed by" not in text(client.get(reverse(f"admin:scheduling_{kind}_change",
+                                                           args=[obj.pk]))), kind
