@@ -133,6 +133,10 @@ def test_the_check_view_wants_a_post_from_staff(client, models):
     plain.force_login(User.objects.create_user("plain", password="pw"))
     r = plain.post(reverse(CHECK), {"name": "s", "dsl": "llama"})
     assert r.status_code == 302 and "/admin/login/" in r["Location"]
+    viewer = Client()
+    viewer.force_login(User.objects.create_user("viewer", password="pw", is_staff=True))
+    r = viewer.post(reverse(CHECK), {"name": "s", "dsl": "llama"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
     r = client.post(reverse(CHECK), {"name": "s", "dsl": "llama", "position": "x"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
 
