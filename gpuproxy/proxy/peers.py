@@ -64,11 +64,14 @@ def host_of(peer: CatalogPeer) -> str:
 
 
 def seconds(peer: CatalogPeer, name: str, default: float) -> float:
+    """One of the peer's `timeouts` (llama-swap's default when unset); 0 means none, as in
+    llama-swap's Go transport, which reads a zero duration as no limit."""
     value = peer.timeouts.get(name, default)
     return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 def url(peer: CatalogPeer, path: str, query: bytes) -> str:
+    """The path joined to the peer's base (Go's `SetURL`: `https://host/api` + `/v1/…`)."""
     return peer.proxy.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
 
 
