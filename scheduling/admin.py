@@ -25,6 +25,7 @@ from django.utils.safestring import SafeString
 from scheduling import live as control
 from scheduling.admin_routing import (  # the routing pages register themselves on import
     ROUTING_FIELDSET,
+    DeleteGuard,
     ManagedBanner,
     ProxySettingsForm,
     RoutingAdmin,
@@ -115,7 +116,7 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
 
 
 @admin.register(ModelDefinition)
-class ModelDefinitionAdmin(ManagedBanner):
+class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     # "live_state" is replaced per request by a column that reads the proxy once per page
     list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
                     "concurrency_limit", "slots")
@@ -125,6 +126,7 @@ class ModelDefinitionAdmin(ManagedBanner):
     readonly_fields = ("live_state", "slots")
     actions = ("load_models", "unload_models", "restart_models")
     managed_kind = "models"
+    guard_kind = "models"
     fieldsets = (
         ("Identity", {"fields": ("model_id", "live_state", "enabled", "name", "description",
                                  "aliases", "unlisted", "group")}),
@@ -144,6 +146,9 @@ class ModelDefinitionAdmin(ManagedBanner):
 
     def managed_name(self, obj: ModelDefinition) -> str | None:
         return obj.model_id
+
+    def guard_names(self, objs) -> set[str]:
+        return {o.model_id for o in objs}
 
     def get_fieldsets(self, request: HttpRequest, obj: ModelDefinition | None = None):
         if obj is not None:

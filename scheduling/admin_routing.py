@@ -12,13 +12,14 @@ one is set. Saves reach a running proxy through the scheduling signals, like eve
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
 from django.urls import path, reverse
 from django.utils.html import escape
 
@@ -111,6 +112,64 @@ class RoutingAdmin(ManagedBanner):
             messages.warning(request, warning)
 
 
+def routing_without(kind: str, names: set[str]) -> str:
+    """What deleting these matrix sets ("matrix_sets") or models ("models") would break in
+    the routing, in the importer's words; "" when nothing (or when it was broken before)."""
+    view = routing_checks.database_view()
+    if kind == "matrix_sets":
+        after = replace(view, matrix_sets=tuple(
+            (n, d) for n, d in view.matrix_sets if n not in names))
+    else:
+        after = replace(view, models=view.models - names,
+                        aliases={a: m for a, m in view.aliases.items() if m not in names})
+    try:
+        _check_all(view)
+    except ConfigError:
+        return ""
+    try:
+        _check_all(after)
+    except ConfigError as exc:
+        return f"{exc.path}: {exc.message}"
+    return ""
+
+
+def _check_all(view: routing_checks.RoutingView) -> None:
+    """The rules, with the sets compiled under the group router too (as a set's own check
+    does), so a switch to the matrix is never blocked by a delete made before it."""
+    routing_checks.check(view)
+    if view.router != "matrix" and view.matrix_sets:
+        routing_checks.compile_matrix(replace(view, router="matrix"))
+
+
+class DeleteGuard:
+    """A delete that would leave the routing broken (a set another references, the last set
+    of the matrix router, a model a set names) is refused, saying what to change first; the
+    running proxy would otherwise drop its matrix and run every model alone."""
+
+    guard_kind = ""  # "matrix_sets" | "models"
+
+    def guard_names(self, objs: Any) -> set[str]:
+        raise NotImplementedError
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None):
+        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        if obj is not None and (why := routing_without(self.guard_kind,
+                                                      self.guard_names([obj]))):
+            messages.error(request, f"{obj} was not deleted: without it, {why}. Change that "
+                                    "first.")
+            opts = obj._meta
+            return HttpResponseRedirect(reverse(
+                f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk]))
+        return super().delete_view(request, object_id, extra_context)  # type: ignore[misc]
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest):
+        deleted, count, perms, protected = super().get_deleted_objects(  # type: ignore[misc]
+            objs, request)
+        if why := routing_without(self.guard_kind, self.guard_names(objs)):
+            protected = [*protected, f"the routing: without them, {why}"]
+        return deleted, count, perms, protected
+
+
 # ---- matrix sets -----------------------------------------------------------------------------
 
 class MatrixSetForm(forms.ModelForm):
@@ -133,8 +192,9 @@ class MatrixSetForm(forms.ModelForm):
 
 
 @admin.register(MatrixSet)
-class MatrixSetAdmin(RoutingAdmin):
+class MatrixSetAdmin(DeleteGuard, RoutingAdmin):
     form = MatrixSetForm
+    guard_kind = "matrix_sets"
     list_display = ("name", "position", "dsl")
     list_editable = ("position",)
     ordering = ("position", "name")
@@ -143,6 +203,9 @@ class MatrixSetAdmin(RoutingAdmin):
 
     def managed_name(self, obj: MatrixSet) -> str | None:
         return obj.name
+
+    def guard_names(self, objs: Any) -> set[str]:
+        return {o.name for o in objs}
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         """A new set goes last: ties in eviction cost go to the sets defined before it."""

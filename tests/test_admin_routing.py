@@ -468,3 +468,42 @@ profiles:
     for kind, obj in made_here.items():
         assert "Managed by" not in text(client.get(reverse(f"admin:scheduling_{kind}_change",
                                                            args=[obj.pk]))), kind
+
+
+# ---- deletes that would break the routing ---------------------------------------------------
+
+def test_a_set_another_references_is_not_deleted_and_the_page_says_why(client, models):
+    a = MatrixSet.objects.create(name="a", dsl="llama", position=0)
+    MatrixSet.objects.create(name="b", dsl="+a | qwen", position=1)
+    r = client.post(reverse("admin:scheduling_matrixset_delete", args=[a.pk]), {"post": "yes"},
+                    follow=True)
+    assert MatrixSet.objects.filter(name="a").exists()
+    assert [str(m) for m in r.context["messages"]] == [
+        f"a: llama was not deleted: without it, routing.router.settings.matrix: set 'b' "
+        f"references undefined set 'a'{REMEDY}. Change that first."]
+    # the bulk action's confirmation page refuses it too
+    r = client.post(reverse("admin:scheduling_matrixset_changelist"),
+                    {"action": "delete_selected", "_selected_action": [str(a.pk)],
+                     "post": "yes"})
+    assert MatrixSet.objects.filter(name="a").exists()
+    assert "the routing: without them, routing.router.settings.matrix: set 'b' references" \
+        in text(r)
+
+
+def test_the_last_set_of_the_matrix_router_and_a_model_a_set_names_stay(client, models):
+    settings = ProxySettings.load()
+    settings.router = "matrix"
+    settings.save()
+    only = MatrixSet.objects.create(name="only", dsl="llama | qwen")
+    client.post(reverse("admin:scheduling_matrixset_delete", args=[only.pk]), {"post": "yes"})
+    assert MatrixSet.objects.filter(name="only").exists()
+    llama = ModelDefinition.objects.get(model_id="llama")
+    r = client.post(reverse("admin:scheduling_modeldefinition_delete", args=[llama.pk]),
+                    {"post": "yes"}, follow=True)
+    assert ModelDefinition.objects.filter(model_id="llama").exists()
+    said = [str(m) for m in r.context["messages"]]
+    assert "unknown var or model 'llama'" in said[-1], said
+    embed = ModelDefinition.objects.get(model_id="embed")  # in no set: deleted
+    client.post(reverse("admin:scheduling_modeldefinition_delete", args=[embed.pk]),
+                {"post": "yes"})
+    assert not ModelDefinition.objects.filter(model_id="embed").exists()
