@@ -27,6 +27,7 @@ from scheduling.admin_routing import (  # the routing pages register themselves 
     ROUTING_FIELDSET,
     DeleteGuard,
     ManagedBanner,
+    ModelDefinitionForm,
     ProxySettingsForm,
     RoutingAdmin,
 )
@@ -117,6 +118,7 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
 
 @admin.register(ModelDefinition)
 class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
+    form = ModelDefinitionForm
     # "live_state" is replaced per request by a column that reads the proxy once per page
     list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
                     "concurrency_limit", "slots")

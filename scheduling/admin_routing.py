@@ -26,7 +26,7 @@ from django.utils.html import escape
 from scheduling import routing_checks
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.matrix_check import check_set, json_types
-from scheduling.models import ConfigImport, ProxySettings
+from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
 
@@ -168,6 +168,29 @@ class DeleteGuard:
         if why := routing_without(self.guard_kind, self.guard_names(objs)):
             protected = [*protected, f"the routing: without them, {why}"]
         return deleted, count, perms, protected
+
+
+class ModelDefinitionForm(forms.ModelForm):
+    """Disabling or renaming a model takes it out of the catalog the running proxy compiles
+    its matrix against: refused while a matrix set names it, as a delete is (`DeleteGuard`)."""
+
+    class Meta:
+        model = ModelDefinition
+        fields = "__all__"
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        old = self.instance
+        if old.pk is None or not ModelDefinition.objects.filter(pk=old.pk, enabled=True).exists():
+            return data
+        saved_id = ModelDefinition.objects.get(pk=old.pk).model_id
+        field = ("enabled" if data.get("enabled") is False
+                 else "model_id" if data.get("model_id", saved_id) != saved_id else None)
+        if field and (why := routing_without("models", {saved_id})):
+            self.add_error(field, f"Without {saved_id} in the running proxy's models, {why}. "
+                                  "Change that first.")
+        return data
 
 
 # ---- matrix sets -----------------------------------------------------------------------------

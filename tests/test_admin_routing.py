@@ -40,7 +40,7 @@ def models() -> list[str]:
     return ["llama", "qwen", "embed", "gemma"]
 
 
-def form_data(response, **changes) -> dict[str, str]:
+def form_data(response, **changes: object) -> dict[str, str]:
     """The POST a browser would send for the form on this page, with `changes` typed in."""
     form = response.context["adminform"].form
     data: dict[str, str] = {}
@@ -53,8 +53,12 @@ def form_data(response, **changes) -> dict[str, str]:
             data[name] = json.dumps(value)
         else:
             data[name] = "" if value is None else str(value)
-    data.update({k: str(v) for k, v in changes.items()})
-    return {k: v for k, v in data.items() if v is not None}
+    for name, value in changes.items():  # None unticks a box (a browser sends nothing)
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = str(value)
+    return data
 
 
 def text(response) -> str:
@@ -507,3 +511,24 @@ def test_the_last_set_of_the_matrix_router_and_a_model_a_set_names_stay(client, 
     client.post(reverse("admin:scheduling_modeldefinition_delete", args=[embed.pk]),
                 {"post": "yes"})
     assert not ModelDefinition.objects.filter(model_id="embed").exists()
+
+
+def test_a_model_a_set_names_is_not_disabled_or_renamed(client, models):
+    settings = ProxySettings.load()
+    settings.router = "matrix"
+    settings.save()
+    MatrixSet.objects.create(name="pair", dsl="llama & embed")
+    llama = ModelDefinition.objects.get(model_id="llama")
+    url = reverse("admin:scheduling_modeldefinition_change", args=[llama.pk])
+    r = client.post(url, form_data(client.get(url), enabled=None))
+    assert errors(r) == {"enabled": [
+        "Without llama in the running proxy's models, routing.router.settings.matrix: set "
+        f"'pair': unknown var or model 'llama'{REMEDY}. Change that first."]}
+    r = client.post(url, form_data(client.get(url), model_id="llama-2"))
+    assert list(errors(r)) == ["model_id"]
+    llama.refresh_from_db()
+    assert (llama.model_id, llama.enabled) == ("llama", True)
+    qwen = ModelDefinition.objects.get(model_id="qwen")  # in no set: may go
+    url = reverse("admin:scheduling_modeldefinition_change", args=[qwen.pk])
+    r = client.post(url, form_data(client.get(url), enabled=None))
+    assert r.status_code == 302, errors(r)
