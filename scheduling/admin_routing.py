@@ -171,8 +171,9 @@ class DeleteGuard:
 
 
 class ModelDefinitionForm(forms.ModelForm):
-    """Disabling or renaming a model takes it out of the catalog the running proxy compiles
-    its matrix against: refused while a matrix set names it, as a delete is (`DeleteGuard`)."""
+    """Renaming a model a matrix set names would leave the set naming nothing: refused, as a
+    delete is (`DeleteGuard`). Disabling it is not: the matrix compiles against every defined
+    model, disabled ones too (Catalog.matrix_models)."""
 
     class Meta:
         model = ModelDefinition
@@ -181,15 +182,12 @@ class ModelDefinitionForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         super().clean()
         data = self.cleaned_data
-        old = self.instance
-        if old.pk is None or not ModelDefinition.objects.filter(pk=old.pk, enabled=True).exists():
+        saved_id = None if self.instance.pk is None else ModelDefinition.objects.filter(
+            pk=self.instance.pk).values_list("model_id", flat=True).first()
+        if saved_id is None or data.get("model_id", saved_id) == saved_id:
             return data
-        saved_id = ModelDefinition.objects.get(pk=old.pk).model_id
-        field = ("enabled" if data.get("enabled") is False
-                 else "model_id" if data.get("model_id", saved_id) != saved_id else None)
-        if field and (why := routing_without("models", {saved_id})):
-            self.add_error(field, f"Without {saved_id} in the running proxy's models, {why}. "
-                                  "Change that first.")
+        if why := routing_without("models", {saved_id}):
+            self.add_error("model_id", f"Without the id {saved_id}, {why}. Change that first.")
         return data
 
 

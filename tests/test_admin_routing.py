@@ -513,22 +513,25 @@ def test_the_last_set_of_the_matrix_router_and_a_model_a_set_names_stay(client, 
     assert not ModelDefinition.objects.filter(model_id="embed").exists()
 
 
-def test_a_model_a_set_names_is_not_disabled_or_renamed(client, models):
+def test_a_model_a_set_names_is_not_renamed_but_may_be_disabled(client, models):
     settings = ProxySettings.load()
     settings.router = "matrix"
     settings.save()
     MatrixSet.objects.create(name="pair", dsl="llama & embed")
     llama = ModelDefinition.objects.get(model_id="llama")
     url = reverse("admin:scheduling_modeldefinition_change", args=[llama.pk])
-    r = client.post(url, form_data(client.get(url), enabled=None))
-    assert errors(r) == {"enabled": [
-        "Without llama in the running proxy's models, routing.router.settings.matrix: set "
-        f"'pair': unknown var or model 'llama'{REMEDY}. Change that first."]}
     r = client.post(url, form_data(client.get(url), model_id="llama-2"))
-    assert list(errors(r)) == ["model_id"]
+    assert errors(r) == {"model_id": [
+        "Without the id llama, routing.router.settings.matrix: set 'pair': unknown var or "
+        f"model 'llama'{REMEDY}. Change that first."]}
     llama.refresh_from_db()
-    assert (llama.model_id, llama.enabled) == ("llama", True)
-    qwen = ModelDefinition.objects.get(model_id="qwen")  # in no set: may go
-    url = reverse("admin:scheduling_modeldefinition_change", args=[qwen.pk])
+    assert llama.model_id == "llama"
+    # the matrix compiles against disabled models too (Catalog.matrix_models)
     r = client.post(url, form_data(client.get(url), enabled=None))
+    assert r.status_code == 302, errors(r)
+    llama.refresh_from_db()
+    assert not llama.enabled
+    qwen = ModelDefinition.objects.get(model_id="qwen")  # in no set: may be renamed
+    url = reverse("admin:scheduling_modeldefinition_change", args=[qwen.pk])
+    r = client.post(url, form_data(client.get(url), model_id="qwen-2"))
     assert r.status_code == 302, errors(r)
