@@ -104,10 +104,12 @@ def second_db() -> Iterator[str]:
 
 
 def rows(url: str) -> list[dict[str, Any]]:
+    """In the order the requests came: under `--workers 2` each request process has its own
+    writer, so ids do not follow it."""
     with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         cur.execute("SELECT model, priority, band, client, queue_wait_ms, score_parts, "
                     "received_at, dispatched_at, status_code, scheduler "
-                    "FROM activity_requestlog ORDER BY id")
+                    "FROM activity_requestlog ORDER BY received_at")
         return cur.fetchall()
 
 
