@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
 from django.urls import path, reverse
 from django.utils.html import escape
@@ -418,6 +419,7 @@ class ProfileAdmin(RoutingAdmin):
     list_display = ("name", "active", "description", "pins_shown")
     search_fields = ("name", "description")
     managed_kind = "profiles"
+    actions = ("activate", "deactivate")
 
     def managed_name(self, obj: Profile) -> str | None:
         return obj.name
@@ -430,6 +432,28 @@ class ProfileAdmin(RoutingAdmin):
     def pins_shown(self, obj: Profile) -> str:
         pins = obj.pins if isinstance(obj.pins, dict) else {}
         return ", ".join(f"{k} → {v or '(disabled)'}" for k, v in pins.items())
+
+    @admin.action(description="Make the selected profile the active one",
+                  permissions=["change"])
+    def activate(self, request: HttpRequest, queryset: QuerySet[Profile]) -> None:
+        """The settings page's active profile, from the list (one profile at a time)."""
+        names = list(queryset.values_list("name", flat=True))
+        if len(names) != 1:
+            messages.error(request, f"Select one profile to make active, not {len(names)}: "
+                                    "one profile is active at a time.")
+            return
+        self._set_active(request, names[0])
+
+    @admin.action(description="Deactivate profiles (no pins apply)", permissions=["change"])
+    def deactivate(self, request: HttpRequest, queryset: QuerySet[Profile]) -> None:
+        self._set_active(request, "")
+
+    def _set_active(self, request: HttpRequest, name: str) -> None:
+        settings = ProxySettings.load()
+        settings.active_profile = name
+        settings.save()  # a normal save: the running proxy routes by it at once
+        messages.success(request, f"Profile {name} is active: its pins apply to the next "
+                                  "request." if name else "No profile is active now.")
 
     def save_model(self, request: HttpRequest, obj: Profile, form, change: bool) -> None:
         """A rename of the active profile keeps it active (the setting names it)."""

@@ -535,3 +535,20 @@ def test_a_model_a_set_names_is_not_renamed_but_may_be_disabled(client, models):
     url = reverse("admin:scheduling_modeldefinition_change", args=[qwen.pk])
     r = client.post(url, form_data(client.get(url), model_id="qwen-2"))
     assert r.status_code == 302, errors(r)
+
+
+def test_a_profile_is_made_active_and_deactivated_from_the_list(client, models):
+    night = Profile.objects.create(name="night", pins={"big": "qwen"})
+    day = Profile.objects.create(name="day", pins={"big": "llama"})
+    url = reverse("admin:scheduling_profile_changelist")
+    r = client.post(url, {"action": "activate", "_selected_action": [night.pk, day.pk]},
+                    follow=True)
+    assert [str(m) for m in r.context["messages"]] == [
+        "Select one profile to make active, not 2: one profile is active at a time."]
+    assert ProxySettings.load().active_profile == ""
+    r = client.post(url, {"action": "activate", "_selected_action": [night.pk]}, follow=True)
+    assert ProxySettings.load().active_profile == "night"
+    assert "Profile night is active: its pins apply to the next request." in [
+        str(m) for m in r.context["messages"]]
+    client.post(url, {"action": "deactivate", "_selected_action": [day.pk]})
+    assert ProxySettings.load().active_profile == ""
