@@ -37,7 +37,7 @@ from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
 from gpuproxy.upstream.states import State
-from scheduling.catalog import Catalog
+from scheduling.catalog import Catalog, url_host
 from scheduling.core.effects import Scheduler
 from scheduling.core.errors import SchedulingError
 from scheduling.core.events import Request
@@ -108,17 +108,6 @@ def _picks(s: Scheduler) -> dict[str, str | None]:
     return out
 
 
-def peer_host(url: str) -> str:
-    """A peer's host and port, never a user or password the URL may carry."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "(not a URL)"
-    host = parts.hostname or ""
-    return f"{host}:{port}" if port else host
-
-
 def routing(catalog: Catalog, picks: dict[str, str | None]) -> dict[str, Any]:
     """The routing in force, from the catalog the proxy runs with: the router (and the
     matrix's sets), peers (id, host, models, how the priority travels; never the apiKey),
@@ -127,7 +116,7 @@ def routing(catalog: Catalog, picks: dict[str, str | None]) -> dict[str, Any]:
     return {
         "router": catalog.router,
         "matrix_sets": [{"name": n, "dsl": d} for n, d in catalog.matrix_sets],
-        "peers": [{"id": p.peer_id, "host": peer_host(p.proxy), "models": list(p.models),
+        "peers": [{"id": p.peer_id, "host": url_host(p.proxy), "models": list(p.models),
                    "priority_forward": p.priority_forward}
                   for p in sorted(catalog.peers.values(), key=lambda p: p.peer_id)],
         "selectors": [{"id": sel.selector_id, "strategy": sel.strategy,

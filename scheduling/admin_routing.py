@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
@@ -25,6 +24,7 @@ from django.urls import path, reverse
 from django.utils.html import escape
 
 from scheduling import routing_checks
+from scheduling.catalog import url_host
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.matrix_check import check_set, json_types
 from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
@@ -334,22 +334,11 @@ class PeerForm(RoutingChecked, forms.ModelForm):
         return data
 
 
-def peer_host(proxy: str) -> str:
-    """The peer's host and port, never the URL's user or password."""
-    try:
-        parts = urlsplit(proxy)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "(not a URL)"
-    return f"{host}:{port}" if port else host
-
-
 @admin.register(Peer)
 class PeerAdmin(RoutingAdmin):
     form = PeerForm
     list_display = ("peer_id", "host", "models_shown", "priority_forward", "key_state")
-    search_fields = ("peer_id", "proxy")
+    search_fields = ("peer_id",)
     managed_kind = "peers"
     fieldsets = (
         (None, {"fields": ("peer_id", "proxy", "models_list", "priority_forward")}),
@@ -360,9 +349,26 @@ class PeerAdmin(RoutingAdmin):
     def managed_name(self, obj: Peer) -> str | None:
         return obj.peer_id
 
+    def get_fieldsets(self, request: HttpRequest, obj: Peer | None = None) -> Any:
+        """Staff who may only view get the key's state, never the key: Django would show a
+        read-only `api_key` with the model's own value."""
+        if obj is not None and not self.has_change_permission(request, obj):
+            return ((None, {"fields": ("peer_id", "proxy", "models_list",
+                                       "priority_forward")}),
+                    ("API key", {"fields": ("key_state",)}),
+                    ("Filters and timeouts", {"fields": ("strip_params", "set_params",
+                                                         "timeouts")}))
+        return super().get_fieldsets(request, obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Peer | None = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and not self.has_change_permission(request, obj):
+            fields += ("key_state",)
+        return fields
+
     @admin.display(description="host")
     def host(self, obj: Peer) -> str:
-        return peer_host(obj.proxy)
+        return url_host(obj.proxy)
 
     @admin.display(description="models")
     def models_shown(self, obj: Peer) -> str:
@@ -449,9 +455,7 @@ class ProfileAdmin(RoutingAdmin):
         self._set_active(request, "")
 
     def _set_active(self, request: HttpRequest, name: str) -> None:
-        settings = ProxySettings.load()
-        settings.active_profile = name
-        settings.save()  # a normal save: the running proxy routes by it at once
+        ProxySettings.set_active_profile(name)  # the running proxy routes by it at once
         messages.success(request, f"Profile {name} is active: its pins apply to the next "
                                   "request." if name else "No profile is active now.")
 
@@ -459,10 +463,8 @@ class ProfileAdmin(RoutingAdmin):
         """A rename of the active profile keeps it active (the setting names it)."""
         old = Profile.objects.filter(pk=obj.pk).values_list("name", flat=True).first()
         super().save_model(request, obj, form, change)
-        settings = ProxySettings.load()
-        if change and old and old != obj.name and settings.active_profile == old:
-            settings.active_profile = obj.name
-            settings.save()
+        if change and old and old != obj.name:
+            ProxySettings.set_active_profile(obj.name, only_if=old)
 
 
 # ---- the settings page's routing fields ------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from scheduling.core.config import ModelConfig, SchedulerConfig, SelectorConfig
 from scheduling.core.matrix import MatrixError, MatrixSwapper
@@ -43,13 +44,27 @@ class CatalogModel:
     created: int = 0  # unix time of the definition's last change, for /v1/models
 
 
+def url_host(url: str) -> str:
+    """A peer's host and port, for messages, the dashboard and the admin: never a user or
+    password a URL may carry (the config refuses them; this holds for any URL)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a bad port
+        return "(not a URL)"
+    if not host:
+        return "(not a URL)"
+    return f"{host}:{port}" if port else host
+
+
 @dataclass(frozen=True)
 class CatalogPeer:
     """`peers.<id>`: where its models are forwarded, never scheduled."""
 
     peer_id: str
     proxy: str  # base URL; the request path is appended
-    api_key: str = ""  # injected as Bearer and x-api-key; "" sends none
+    # Injected as Bearer and x-api-key; "" sends none. Never in a repr (logs, tracebacks).
+    api_key: str = field(default="", repr=False)
     models: tuple[str, ...] = ()
     strip_params: tuple[str, ...] = ()
     set_params: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,7 @@ import re
 import secrets
 
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
 
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, resolve_parallel
@@ -395,6 +395,26 @@ class ProxySettings(models.Model):
     def load(cls) -> ProxySettings:
         obj, _ = cls.objects.get_or_create(pk=1)
         return obj
+
+    @classmethod
+    def set_active_profile(cls, name: str, *, only_if: str | None = None
+                           ) -> tuple[bool, str, int]:
+        """Make `name` the active profile ("" for none): the one writer of the setting, for
+        `PUT /api/profiles/active` and the admin's actions. Only that column is written,
+        under a row lock, so a settings page saved from an older read cannot undo it, nor it
+        the page. With `only_if`, only when the active one is that (a rename keeping it).
+        Returns (whether the profile exists, the one active before, the settings version
+        the running proxy shows once it routes by the result)."""
+        with transaction.atomic():
+            if name and not Profile.objects.filter(name=name).exists():
+                return False, "", 0
+            cls.load()  # the row exists from here on
+            row = cls.objects.select_for_update().get(pk=1)
+            before = row.active_profile
+            if before != name and (only_if is None or before == only_if):
+                row.active_profile = name
+                row.save(update_fields=["active_profile", "version"])
+            return True, before, row.version
 
 
 def key_prefix(key: str) -> str:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from django import forms
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
@@ -244,10 +244,25 @@ def test_a_page_shown_again_with_errors_does_not_echo_the_typed_key(client):
     assert not Peer.objects.exists()
 
 
-def test_the_list_shows_the_host_not_a_password_in_the_url(client):
-    add_peer(client, proxy="https://user:hunter2@peer.example.com/v1")
-    listing = text(client.get(reverse("admin:scheduling_peer_changelist")))
-    assert "peer.example.com" in listing and "hunter2" not in listing
+def test_a_user_or_password_in_the_url_is_refused_the_key_goes_in_api_key(client):
+    r = add_peer(client, proxy="https://user:hunter2@peer.example.com/v1")
+    assert r.status_code == 200
+    assert "apiKey" in " ".join(errors(r)["proxy"])
+    assert not Peer.objects.exists()
+
+
+def test_staff_who_may_only_view_see_whether_a_key_is_set_never_the_key(client):
+    """Django shows a read-only field with the model's value: a view-only user must get the
+    key's state in its place (the superuser's form has an empty password input)."""
+    peer = Peer.objects.create(peer_id="remote", proxy="https://peer.example.com/",
+                               api_key=PEER_KEY, models_list=["m"])
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_peer"))
+    c = Client()
+    c.force_login(viewer)
+    page = text(c.get(reverse("admin:scheduling_peer_change", args=[peer.pk])))
+    assert "peer.example.com" in page and "set (hidden)" in page
+    assert PEER_KEY not in page
 
 
 # ---- selectors, profiles -----------------------------------------------------------------------

@@ -17,10 +17,10 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 
-from dashboard.consumer import peer_host, routing
+from dashboard.consumer import routing
 from gpuproxy.asgi import application
 from gpuproxy.shell import runtime
-from scheduling.catalog import Catalog, CatalogPeer, CatalogProfile, CatalogSelector
+from scheduling.catalog import Catalog, CatalogPeer, CatalogProfile, CatalogSelector, url_host
 from scheduling.models import ProxySettings
 from tests.conftest import FAKE, free_port
 from tests.helpers import runtime_on
@@ -73,7 +73,7 @@ def test_an_active_profile_that_is_not_defined_says_so_and_none_is_null():
     ("http://h:notaport/", "(not a URL)"),
 ])
 def test_a_peers_host(url, host):
-    assert peer_host(url) == host
+    assert url_host(url) == host
 
 
 # ---- over the WebSocket ----------------------------------------------------------------------
@@ -105,7 +105,7 @@ models:
     cmd: {FAKE}
 peers:
   cloud:
-    proxy: https://me:{URL_PASSWORD}@api.example.com
+    proxy: https://api.example.com
     apiKey: {PEER_KEY}
     models: [m1]
 selectors:

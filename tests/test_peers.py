@@ -84,6 +84,7 @@ def test_with_an_api_key_the_peer_gets_its_key_in_both_headers_and_nothing_of_th
     peer = CatalogPeer("lab", "http://x", api_key=PEER_KEY, models=("qwen",))
     out = peers.headers_for(peer, _client_headers(), _drop(), 12, 150, 1700000000.25)
     assert out == [(b"content-type", b"application/json"), (b"content-length", b"12"),
+                   (b"x-gpuproxy-forwarded", b"1"),
                    (b"authorization", f"Bearer {PEER_KEY}".encode()),
                    (b"x-api-key", PEER_KEY.encode()),
                    (b"x-llamaswap-priority", b"150"),
@@ -96,14 +97,20 @@ def test_without_an_api_key_only_our_own_key_is_held_back():
     peer = CatalogPeer("lab", "http://x", models=("qwen",), priority_forward="none")
     out = dict(peers.headers_for(peer, _client_headers(), _drop(), 2, 150, 0.0))
     assert out == {b"x-api-key": b"the-clients-other-credential",
-                   b"content-type": b"application/json", b"content-length": b"2"}
+                   b"content-type": b"application/json", b"content-length": b"2",
+                   b"x-gpuproxy-forwarded": b"1"}
 
 
 def test_messages_name_the_host_never_a_password_in_the_url():
-    peer = CatalogPeer("lab", "https://user:s3cret@gpu.example:8443/base", models=("m",))
+    """The config refuses a user or password in a peer's URL; one that got into a catalog
+    anyway shows nowhere, is not sent (the client library raised ValueError, a 500, beside
+    the peer's Authorization), and no repr prints the peer's key."""
+    peer = CatalogPeer("lab", "https://user:s3cret@gpu.example:8443/base", api_key=PEER_KEY,
+                       models=("m",))
     assert peers.host_of(peer) == "gpu.example:8443"
     assert peers.url(peer, "/v1/chat/completions", b"a=1") == (
-        "https://user:s3cret@gpu.example:8443/base/v1/chat/completions?a=1")
+        "https://gpu.example:8443/base/v1/chat/completions?a=1")
+    assert PEER_KEY not in repr(peer)
 
 
 # ---- pure: the carried arrival ---------------------------------------------------------------
@@ -355,6 +362,22 @@ async def test_what_a_trusted_peer_sent_goes_no_further_than_here():
         await _runtime(peer.port)
         try:
             status, _, body = await call({"model": "lab/qwen"}, _bearer(TRUSTED_KEY))
+        finally:
+            await runtime.shutdown()
+    assert status == 404, body
+    assert "at most one hop" in json.loads(body)["error"]["message"]
+    assert peer.requests == []
+
+
+@pytestmark_db
+async def test_what_another_gpuproxy_forwarded_goes_no_further_even_untrusted():
+    """Two nodes that list each other's models and trust neither key would pass a request
+    back and forth: the hop mark every forward carries stops it at the second."""
+    async with FakePeer(answer_json) as peer:
+        await _runtime(peer.port)
+        try:
+            status, _, body = await call({"model": "lab/qwen"},
+                                         [*_bearer(CLIENT_KEY), (b"x-gpuproxy-forwarded", b"1")])
         finally:
             await runtime.shutdown()
     assert status == 404, body

@@ -141,6 +141,26 @@ async def test_a_timed_out_reload_is_a_503_that_says_the_switch_is_saved(client,
     assert (await runtime.run_db(ProxySettings.load)).active_profile == "coding"
 
 
+async def test_a_name_with_a_control_character_is_no_profile_not_a_500(client):
+    r = await put(client, '{"name": "cod\\u0000ing"}')
+    assert r.status_code == 404, r.content
+    assert r.json()["error"]["code"] == "not_found"
+
+
+async def test_a_switch_overtaken_by_a_later_one_still_answers_at_once(client):
+    """Two switches at once: the reload may land on the later one only. The earlier PUT is
+    in force as soon as the catalog shows its settings version or a later one (it was
+    applied, then replaced), not after a 10 s wait ending in a wrong 503."""
+    rt = await runtime.get()
+    rt._watcher.cancel()  # no reload between the two saves
+    found, _, version = await runtime.run_db(lambda: ProxySettings.set_active_profile("coding"))
+    assert found
+    await runtime.run_db(lambda: ProxySettings.set_active_profile("chat"))
+    await rt.reload()  # one reload, straight to the later switch
+    assert rt.catalog.active_profile == "chat"
+    assert await profiles_api._in_force("coding", version)
+
+
 async def test_any_key_reads_only_admin_keys_switch(client):
     await runtime.run_db(make_keys)
     rt = await runtime.get()

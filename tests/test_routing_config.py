@@ -137,6 +137,15 @@ def test_what_llama_swap_refuses_is_refused_naming_the_key(snippet, path, phrase
     assert phrase in str(error)
 
 
+def test_a_user_or_password_in_a_peer_url_is_refused_beyond_llama_swap():
+    """llama-swap takes it (Go sends it as Basic unless the apiKey's header wins); here it
+    would show in the admin and the logs wherever the URL does: the key goes in apiKey."""
+    error = refusal(MODELS + "peers:\n  p: {proxy: 'https://u:hunter2@h.example', "
+                             "models: [x]}\n")
+    assert error.path == "peers.p.proxy" and "apiKey" in str(error)
+    assert "hunter2" not in str(error)
+
+
 def test_a_target_or_pin_naming_nothing_is_a_warning_and_kept():
     """llama-swap refuses these (`references unknown model`); gpuproxy warns, as it does for
     group members and priorities naming no model, so its own example imports."""

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.urls import path
 
@@ -30,7 +30,6 @@ from gpuproxy.api.decorators import ApiRequest, api_view, json_error
 from gpuproxy.shell import runtime
 from scheduling.catalog import Catalog
 from scheduling.models import ProxySettings
-from scheduling.routing_models import Profile
 
 logger = logging.getLogger("gpuproxy.api.profiles")
 
@@ -82,31 +81,27 @@ def _requested_name(body: bytes) -> str | HttpResponse:
     if not isinstance(name, str):
         return json_error(400, f"profile name must be a string or null: {usage}",
                           code="bad_request")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):  # no profile has one; the database
+        return json_error(404, "profile names hold no control characters: GET /api/profiles "
+                               "lists the profiles", code="not_found")  # would refuse a NUL
     return name
 
 
-def _save_active(name: str) -> tuple[bool, str]:
-    """Make `name` the active profile ("" for none). Returns (whether the profile exists,
-    the one active before). Saved as a normal save, so the save signal reloads every running
-    proxy (scheduling/signals.py); a save that changes nothing is skipped."""
-    with transaction.atomic():
-        if name and not Profile.objects.filter(name=name).exists():
-            return False, ""
-        ProxySettings.load()  # the row exists from here on
-        settings = ProxySettings.objects.select_for_update().get(pk=1)
-        before = settings.active_profile
-        if before != name:
-            settings.active_profile = name
-            settings.save(update_fields=["active_profile", "version"])
-        return True, before
-
-
-async def _in_force(name: str) -> bool:
-    """Wait until the catalog this process routes by has `name` active (every request process
-    gets the same push from the hub at once), at most APPLY_WITHIN seconds."""
+async def _in_force(name: str, version: int) -> bool:
+    """Wait until the catalog this process routes by has `name` active, or shows settings
+    `version` or later (a racing switch that came after this one won: this one was applied
+    and replaced), at most APPLY_WITHIN seconds. Every request process gets the same push
+    from the hub at once."""
     rt = await runtime.port()
     deadline = time.monotonic() + APPLY_WITHIN
-    while (active_in(rt.catalog) or "") != name:
+
+    def shown() -> bool:
+        catalog = rt.catalog
+        seen = catalog.fingerprint[0] if catalog.fingerprint else None
+        return ((active_in(catalog) or "") == name
+                or (isinstance(seen, int) and seen >= version))
+
+    while not shown():
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(APPLY_POLL)
@@ -121,7 +116,8 @@ async def set_active(request: ApiRequest) -> HttpResponse:
     if isinstance(name, HttpResponse):
         return name
     try:
-        found, before = await runtime.run_db(lambda: _save_active(name))
+        found, before, version = await runtime.run_db(
+            lambda: ProxySettings.set_active_profile(name))
     except (OperationalError, InterfaceError) as exc:
         detail = (str(exc) if isinstance(exc, runtime.DatabaseUnavailable)
                   else f"database error ({type(exc).__name__})")
@@ -136,7 +132,7 @@ async def set_active(request: ApiRequest) -> HttpResponse:
         who = request.caller.name if request.caller is not None else "no key"
         logger.info("active profile changed from %r to %r (PUT /api/profiles/active, %s)",
                     before, name, who)
-    if not await _in_force(name):
+    if not await _in_force(name, version):
         return json_error(503, f"the active profile is saved as {name or 'none'!r}, but the "
                                f"running proxy did not reload its definitions within "
                                f"{APPLY_WITHIN:g} s (is the database reachable? GET /health "

@@ -353,11 +353,12 @@ class ProxyConsumer(UpstreamExchange):
             self.begin_capture(catalog.capture_buffer_mb, upstream_path, body)
 
         def prepare(model_id: str) -> bytes:
-            """The body for `model_id` (a selector's target is known only at the grant):
-            its filters applied."""
-            meta = catalog.models.get(model_id)
+            """The body for `model_id` (a selector's target is known only at the grant, by
+            the catalog in force then): its filters applied."""
+            now = self.rt.catalog
+            meta = now.models.get(model_id)
             if meta is None:  # a peer's model, a selector's target, or gone
-                return peers.body_of(catalog, model_id, parsed, priority) or body
+                return peers.body_of(now, model_id, parsed, priority) or body
             return apply_filters(parsed, requested=route.requested,
                                  use_model_name=meta.use_model_name,
                                  strip_params=meta.strip_params, set_params=meta.set_params,
@@ -473,12 +474,11 @@ class ProxyConsumer(UpstreamExchange):
                 return
             rec.dispatched = time.monotonic()
             rec.dispatch = grant.dispatch
-            rec.model = grant.model
-            sent = prepare(grant.model) if prepare is not None else body
-            rec.swap_s = grant.swap_wait
-            to_peer = peers.target(self.rt.catalog, grant.model)  # a selector's, on a peer
+            rec.model, rec.swap_s = grant.model, grant.swap_wait
             inflight.add(inflight.InFlight.of(rec, grant.model, self.cancel_by_admin, self.scope))
-            try:
+            try:  # from the grant on, whatever fails releases it
+                sent = prepare(grant.model) if prepare is not None else body
+                to_peer = peers.target(self.rt.catalog, grant.model)  # a selector's peer pick
                 again = await (peers.forward_granted(self, to_peer, sent, upstream_path, priority)
                                if to_peer is not None else
                                self.relay(grant.model, upstream_path, sent, retry=retry,

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import httpx
@@ -31,7 +31,7 @@ from gpuproxy.proxy.exchange import UpstreamExchange
 from gpuproxy.proxy.inference import Parsed, apply_filters
 from gpuproxy.proxy.urgency import ARRIVED_HEADER, PRIORITY_HEADER, from_trusted_peer
 from gpuproxy.upstream import relay
-from scheduling.catalog import Catalog, CatalogPeer, Route
+from scheduling.catalog import Catalog, CatalogPeer, Route, url_host
 from scheduling.core.errors import ModelNotFound
 from scheduling.core.priority import band
 
@@ -46,6 +46,10 @@ TIERS = {"interactive": "priority", "normal": "default", "batch": "flex"}
 # the applied priority travels (a client's raw header could ask for more than it was given).
 # A cookie is for this host (the dashboard's session), not another one.
 _ALWAYS_DROP = frozenset({b"cookie", PRIORITY_HEADER, ARRIVED_HEADER})
+# Sent with every forwarded request, trusted or not: a gpuproxy that receives it forwards
+# to no peer again, so two nodes listing each other's models cannot pass a request back and
+# forth (llama-swap ignores it). A client sending it only loses the peers' models.
+HOP_HEADER = b"x-gpuproxy-forwarded"
 _KEY_HEADERS = frozenset({b"authorization", b"x-api-key"})
 # The activity row's `scheduler` for a request that no scheduler saw.
 SCHEDULER = "peer"
@@ -53,14 +57,7 @@ SCHEDULER = "peer"
 
 def host_of(peer: CatalogPeer) -> str:
     """The peer's host and port for messages: never a password written in its URL."""
-    try:
-        parts = urlsplit(peer.proxy)
-        host, port = parts.hostname, parts.port
-    except ValueError:  # a bad port: the admin and the import refuse one
-        return "(a malformed URL)"
-    if not host:
-        return "(a URL with no host)"
-    return f"{host}:{port}" if port else host
+    return url_host(peer.proxy)
 
 
 def seconds(peer: CatalogPeer, name: str, default: float) -> float:
@@ -71,8 +68,13 @@ def seconds(peer: CatalogPeer, name: str, default: float) -> float:
 
 
 def url(peer: CatalogPeer, path: str, query: bytes) -> str:
-    """The path joined to the peer's base (Go's `SetURL`: `https://host/api` + `/v1/…`)."""
-    return peer.proxy.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
+    """The path joined to the peer's base (Go's `SetURL`: `https://host/api` + `/v1/…`),
+    without a user or password (the config refuses them; the client library would refuse
+    one beside the peer's Authorization with a ValueError, a 500)."""
+    parts = urlsplit(peer.proxy)
+    netloc = parts.netloc.rpartition("@")[2]
+    base = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+    return base + path + ("?" + query.decode("latin-1") if query else "")
 
 
 def headers_for(peer: CatalogPeer, client: list[tuple[bytes, bytes]], drop: frozenset[bytes],
@@ -80,8 +82,8 @@ def headers_for(peer: CatalogPeer, client: list[tuple[bytes, bytes]], drop: froz
     """The client's headers for `peer`. `drop` already holds hop-by-hop ones and the key
     this proxy let the request in with (`auth.credential_drop`); with an `apiKey`, any other
     credential the client sent goes too, replaced by the peer's."""
-    drop = drop | _ALWAYS_DROP | (_KEY_HEADERS if peer.api_key else frozenset())
-    out = relay.request_headers(client, body_len, drop)
+    drop = drop | _ALWAYS_DROP | {HOP_HEADER} | (_KEY_HEADERS if peer.api_key else frozenset())
+    out = [*relay.request_headers(client, body_len, drop), (HOP_HEADER, b"1")]
     if peer.api_key:
         key = peer.api_key.encode("latin-1", "replace")
         out += [(b"authorization", b"Bearer " + key), (b"x-api-key", key)]
@@ -123,12 +125,13 @@ def body_of(catalog: Catalog, model: str, parsed: Parsed, priority: int) -> byte
 
 
 async def _hop_refused(ex: UpstreamExchange, route: Route) -> bool:
-    """At most one hop: what a trusted peer forwarded here goes to no other peer (a 404, not
-    a 5xx a client would retry)."""
-    if not from_trusted_peer(dict(ex.scope["headers"]), ex.rt.catalog):
+    """At most one hop: what a peer forwarded here (a trusted peer's key, or another
+    gpuproxy's HOP_HEADER) goes to no other peer (a 404, not a 5xx a client would retry)."""
+    headers = dict(ex.scope["headers"])
+    if HOP_HEADER not in headers and not from_trusted_peer(headers, ex.rt.catalog):
         return False
     message = ModelNotFound(route.requested, (
-        f"it is peer {route.peer_id!r}'s model here, and this request came from a trusted "
+        f"it is peer {route.peer_id!r}'s model here, and this request was forwarded by a "
         "peer: a request is forwarded at most one hop")).message
     await ex.send_json(404, error_body(message, "invalid_request_error", "model_not_found"),
                        outcome=outcomes.UNKNOWN_MODEL)

@@ -38,7 +38,9 @@ class Request:
     # resolved model id, a selector id until the core binds it to a target (then the
     # target), or the unknown name as requested (the core answers 404)
     model: str
-    arrived: float  # `now` of its RequestArrived
+    # `now` of its RequestArrived, less the age a trusted peer said it already waited
+    # (X-LlamaSwap-Arrived), so that aging counts from its first arrival, not every hop.
+    arrived: float
     priority: int = 0  # the request's own priority (X-LlamaSwap-Priority); 0 when absent
     handle: Any = field(default=None, repr=False)
     dispatch: Dispatch | None = None  # set by the scheduler when it grants the request

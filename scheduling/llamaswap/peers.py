@@ -82,3 +82,7 @@ def check_peer_url(url: str, path: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(path, "invalid peer proxy URL: write it as http://HOST[:PORT][/PATH] "
                                 "or https://…")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(path, "a peer proxy URL holds no user or password (it would show "
+                                "wherever the URL does): put the peer's key in its apiKey, "
+                                "which is sent as Bearer and x-api-key")
