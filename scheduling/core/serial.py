@@ -187,6 +187,7 @@ class Serial(ScoreQueue):
         """
         affine = self._affine()
         blocked: set[str] = set()  # models whose head was blocked in this walk
+        blocked_on: dict[str, str | None] = {}  # blocked selector -> the pick it was blocked on
         passed: set[str] = set()  # active swaps whose waiters were ranked in this walk
         no_feed: set[str] = set()
         claims: list[tuple[str, list[str]]] = []
@@ -227,6 +228,8 @@ class Serial(ScoreQueue):
             # a selector's head, handled as a head of the target its strategy picks now and
             # bound to it only when it goes (else it stays unbound, for the next walk).
             t, turned = self._pick(m) if self._unbound(req) is not None else (m, False)
+            if t != m:
+                blocked_on[m] = t  # (unless it goes: then `_after_move` forgets it)
             if t is None:  # every target is being stopped
                 blocked.add(m)
                 continue
@@ -234,7 +237,7 @@ class Serial(ScoreQueue):
                 self._count_pick(req, blocked, affine)
                 self._take_head(m, req, t, turned)
                 self._grant(req, t, affine)
-                self._affine_selectors(affine)
+                self._after_move(affine, blocked, blocked_on)
                 continue
             loading_m = self._active.get(t)
             if loading_m is not None and not self._held(t):
@@ -242,7 +245,7 @@ class Serial(ScoreQueue):
                     loading_m.waiters.extend(self._take_all(m))
                 else:
                     loading_m.waiters.append(self._take_head(m, req, t, turned))
-                    self._affine_selectors(affine)
+                    self._after_move(affine, blocked, blocked_on)
                 loading_m.best = None
                 continue
             evict = swapper.eviction_for(t, running)
@@ -258,6 +261,7 @@ class Serial(ScoreQueue):
                         # loaded, only short of a free slot: it queues there, bound, so
                         # spillover counts it (llama-swap's requests waiting at a target)
                         self._push(self._take_head(m, req, t, turned))
+                        self._after_move(affine, blocked, blocked_on)
                     else:
                         blocked.add(m)
                     blocked.add(t)
@@ -266,7 +270,7 @@ class Serial(ScoreQueue):
                 self._count_pick(req, blocked, affine)
                 self._take_head(m, req, t, turned)
                 self._grant(req, t, affine)
-                self._affine_selectors(affine)
+                self._after_move(affine, blocked, blocked_on)
                 continue
             if (self._collides(t, evict) or self._busy(evict)
                     or self._conflicts(t, evict, claims, running)):
@@ -283,7 +287,7 @@ class Serial(ScoreQueue):
             self._active[t] = Swap(t, list(evict), waiters)
             affine.add(t)
             affine.difference_update(evict)
-            self._affine_selectors(affine)
+            self._after_move(affine, blocked, blocked_on)
             logger.info("swap to %r: evicting %s (first waiter seq=%d; %s)", t,
                         ", ".join(repr(x) for x in evict) or "nothing", req.seq,
                         swapper.explain(t, running))
@@ -302,6 +306,19 @@ class Serial(ScoreQueue):
         self._active[model] = Swap(model, [model], waiters)
         logger.info("restarting %r (its definition changed or a restart was asked)", model)
         self._fx.start_swap(model, [model])
+
+    def _after_move(self, affine: set[str], blocked: set[str],
+                    blocked_on: dict[str, str | None]) -> None:
+        """After a grant, a bind or a swap start in a walk, selectors follow their pick now:
+        their affinity, and a selector blocked on a target it no longer picks is unblocked,
+        since its new pick may go in this walk (else a lower request could take it first)."""
+        if not self._config.selectors:
+            return
+        self._affine_selectors(affine)
+        for selector_id, was in list(blocked_on.items()):
+            if selector_id not in self._heaps or self._pick(selector_id)[0] != was:
+                blocked.discard(selector_id)
+                del blocked_on[selector_id]
 
     def _take_head(self, m: str, req: Request, target: str, turned: bool) -> Request:
         """Take `req`, the head of queue `m`, out of the queue, bound to `target` when `m`

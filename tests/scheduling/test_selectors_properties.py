@@ -8,6 +8,9 @@ balance (each model's, selector's and peer model's slots = its requests held + i
 once the shell finishes its work, every request is answered exactly once and every count is
 back to 0. Policy switches (fifo ↔ serial) and a settings change that removes a selector are
 among the events.
+
+Under serial, also test_serial_properties.py's property (a), the score order, with a
+selector request not yet bound standing for a request for its pick.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling.core.config import ModelConfig, SchedulerConfig, SelectorConfig
+from scheduling.core.effects import READY, STARTING, STOPPING
 from scheduling.core.events import (
     Cancelled,
     Request,
@@ -29,8 +33,10 @@ from scheduling.core.events import (
 )
 from scheduling.core.fifo import Fifo
 from scheduling.core.policies import make_scheduler
+from scheduling.core.selectors import COLD, choose
 from scheduling.core.serial import Serial
 from scheduling.core.swapper import Group
+from tests.scheduling import test_serial_properties as sp
 from tests.scheduling.fakes import FakeEffects, make_config, req, waiting_by_band_of
 from tests.scheduling.test_fifo_properties import CheckedEffects
 
@@ -201,3 +207,142 @@ def test_selector_requests_keep_the_books_and_never_wedge(ops, kind, parallel, s
     for r in h.requests:
         expected = 0 if r in fx.cancelled else 1
         assert fx.answers[r] == expected, f"{r} answered {fx.answers[r]} times"
+
+
+# ---- serial: the score order, with selector requests ranked by their pick ------------------
+
+
+class SelectorOrderChecked(sp.OrderChecked):
+    deciding: Request | None = None  # the request whose grant or swap is being checked
+    bound_before: frozenset[Request] = frozenset()  # bound to a target before this event
+
+    """test_serial_properties.py's order check (property (a)), where a selector request not
+    yet bound stands for a request for the target its strategy picks in the spec's view of
+    the box (READY, STARTING, being stopped, cold: restated here from the shell's states);
+    with no target to pick it can go nowhere and delays nobody."""
+
+    def pick(self, r: Request, view) -> Request | None:
+        sel = self.s.config.selectors.get(r.model)
+        if r.selector or sel is None:
+            return r
+        active, unl, evicting, _ = view
+        models = self.s.config.models
+
+        def condition(t: str) -> str:
+            if t not in models or t in unl or t in evicting:
+                return STOPPING
+            if t in active:
+                return STARTING
+            return {READY: READY, STARTING: STARTING, STOPPING: STOPPING}.get(
+                self.states.get(t, ""), COLD)
+
+        usable = SelectorConfig(sel.strategy, tuple(t for t in sel.targets if t in models),
+                                sel.spillover)
+        # The books as the walk read them before it bound the request being checked (`g`)
+        # in this event: not yet counted at its target, its selector's turn not advanced.
+        g = self.deciding if self.deciding not in self.bound_before else None
+
+        def reserved(t: str) -> int:
+            return self.s.reserved(t) - (1 if g is not None and g.selector and g.model == t
+                                         else 0)
+
+        turn = self.s._turns.get(r.model, 0)
+        if g is not None and g.selector == r.model and turn > 0:
+            before = choose(usable, condition, reserved, turn - 1)
+            if before == (g.model, True):
+                turn -= 1
+        t, _ = choose(usable, condition, reserved, turn)
+        return None if t is None else Request(r.seq, t, r.arrived, r.priority)
+
+    def check_order(self, g: Request, action, exclude: str | None = None) -> None:
+        """test_serial_properties.py's, with a waiting selector request's own move made as
+        a request for its pick."""
+        self.deciding = g
+        try:
+            view = self.view(exclude)
+            waiters = [w for t, ws in self.s.active_swaps().items() if t != exclude for w in ws]
+            waiting = [r for r in [*self.s.queued(), *waiters] if r is not g]
+            for h in [h for h in waiting if self.higher(h, g, view)]:
+                if self.conflicts(h, action, view):
+                    self.violations.append(f"{action} for {g} delays higher {h}; "
+                                           f"{self.describe(view)}")
+                kind, eh, can = self.need(h, view)
+                p = self.pick(h, view)
+                if not can or p is None:
+                    continue
+                mine = ("grant", p.model) if kind == "slot" else ("swap", p.model, eh)
+                if not any(self.higher(h0, h, view) and self.conflicts(h0, mine, view)
+                           for h0 in waiting if h0 is not h):
+                    self.violations.append(f"{action} for {g} while higher {h} could go "
+                                           f"({kind}); {self.describe(view)}")
+        finally:
+            self.deciding = None
+
+    def score(self, r: Request, view) -> float:
+        return super().score(self.pick(r, view) or r, view)
+
+    def need(self, r: Request, view):
+        p = self.pick(r, view)
+        if p is None:
+            return "swap", [], False
+        if p is not r and p.model in view[1]:  # its pick is held: it waits unbound
+            return "swap", self.s.config.swapper.eviction_for(p.model, view[3]), False
+        return super().need(p, view)
+
+    def conflicts(self, h: Request, action, view) -> bool:
+        p = self.pick(h, view)
+        return p is not None and super().conflicts(p, action, view)
+
+
+class OrderHarness(sp.Harness):
+    def __init__(self, layout: str, parallel: tuple[int, ...], bonus: int,
+                 divisor: float) -> None:
+        self.models = sp.LAYOUTS[layout][0]
+        m = self.models
+        sels = {"w": SelectorConfig("warm", (m[0], m[1])),
+                "pin": SelectorConfig("pin", (m[2], m[0])),
+                "sp": SelectorConfig("spillover", (m[2], m[3], m[1]), spillover=2)}
+        self.configs = [
+            replace(c, selectors=sels,
+                    models={k: replace(mc, concurrency_limit=1000) for k, mc in c.models.items()})
+            for c in sp.make_configs(layout, parallel, bonus, divisor)]
+        self.names = (*m, *sels, *sels)
+        self.fx = SelectorOrderChecked()
+        self.s = Serial(self.configs[0], self.fx)
+        self.fx.s = self.s  # type: ignore[assignment]
+        self.requests = []
+        self.now = 0.0
+
+    def serve_done(self, r: Request) -> None:
+        self.fx.bound_before = frozenset(x for x in self.requests if x.selector)
+        super().serve_done(r)
+
+    def step(self, kind: str, a: int = 0, b: int = 0, f1: bool = False, f2: bool = False,
+             dt: int = 1) -> None:
+        self.fx.bound_before = frozenset(x for x in self.requests if x.selector)
+        if kind != "arrive":
+            super().step(kind, a, b, f1, f2, dt)
+            return
+        self.now += sp.DTS[dt % len(sp.DTS)]
+        self.fx.now = self.now
+        r = req(self.names[a % len(self.names)], priority=sp.PRIORITIES[b % len(sp.PRIORITIES)],
+                now=self.now)
+        self.requests.append(r)
+        self.s.on_request(RequestArrived(r, self.now))
+        self.check()
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(sp.OP, min_size=20, max_size=90), **sp.PARAMS)
+def test_serial_selector_requests_keep_the_score_order(ops, layout, parallel, bonus, divisor):
+    """Serial's property (a) with selector requests among the rest: no grant or swap start
+    while a higher request (a selector's ranked as a request for its pick) could have gone
+    instead, none delaying a higher one; and once the shell is done, nothing hangs."""
+    h = OrderHarness(layout, parallel, bonus, divisor)
+    for op in ops:
+        h.step(*op)
+    h.settle()
+    s, fx = h.s, h.fx
+    assert s.queued() == [] and s.active_swaps() == {}
+    for r in h.requests:
+        assert fx.answers[r] == (0 if r in fx.cancelled else 1), r
