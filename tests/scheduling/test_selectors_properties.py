@@ -215,6 +215,11 @@ def test_selector_requests_keep_the_books_and_never_wedge(ops, kind, parallel, s
 class SelectorOrderChecked(sp.OrderChecked):
     deciding: Request | None = None  # the request whose grant or swap is being checked
     bound_before: frozenset[Request] = frozenset()  # bound to a target before this event
+    proxies: set[Request]  # requests standing for an unbound selector request, for its pick
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proxies = set()
 
     """test_serial_properties.py's order check (property (a)), where a selector request not
     yet bound stands for a request for the target its strategy picks in the spec's view of
@@ -252,12 +257,17 @@ class SelectorOrderChecked(sp.OrderChecked):
             if before == (g.model, True):
                 turn -= 1
         t, _ = choose(usable, condition, reserved, turn)
-        return None if t is None else Request(r.seq, t, r.arrived, r.priority)
+        if t is None:
+            return None
+        proxy = Request(r.seq, t, r.arrived, r.priority)
+        self.proxies.add(proxy)
+        return proxy
 
     def check_order(self, g: Request, action, exclude: str | None = None) -> None:
         """test_serial_properties.py's, with a waiting selector request's own move made as
         a request for its pick."""
         self.deciding = g
+        self.proxies = set()
         try:
             view = self.view(exclude)
             waiters = [w for t, ws in self.s.active_swaps().items() if t != exclude for w in ws]
@@ -282,10 +292,10 @@ class SelectorOrderChecked(sp.OrderChecked):
         return super().score(self.pick(r, view) or r, view)
 
     def need(self, r: Request, view):
-        p = self.pick(r, view)
+        p = r if r in self.proxies else self.pick(r, view)
         if p is None:
             return "swap", [], False
-        if p is not r and p.model in view[1]:  # its pick is held: it waits unbound
+        if p in self.proxies and p.model in view[1]:  # its pick is held: it waits unbound
             return "swap", self.s.config.swapper.eviction_for(p.model, view[3]), False
         return super().need(p, view)
 
