@@ -95,17 +95,7 @@ def _books(s: Scheduler, now: float) -> dict[str, Any]:
 def _picks(s: Scheduler) -> dict[str, str | None]:
     """The target each selector would get now: the scheduler's own pick from its books (the
     one a dispatch at this moment makes), so the page never guesses the strategy again."""
-    pick = getattr(s, "_pick", None)
-    selectors = getattr(s.config, "selectors", {})
-    if pick is None:
-        return {}
-    out: dict[str, str | None] = {}
-    for selector_id in selectors:
-        try:
-            out[selector_id] = pick(selector_id)[0]
-        except (KeyError, ValueError):
-            out[selector_id] = None
-    return out
+    return {selector_id: s.selector_pick(selector_id) for selector_id in s.config.selectors}
 
 
 def routing(catalog: Catalog, picks: dict[str, str | None]) -> dict[str, Any]:

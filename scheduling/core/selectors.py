@@ -113,6 +113,14 @@ class SelectorBooks:
             return COLD
         return state if state in (READY, STARTING, STOPPING) else COLD
 
+    def selector_pick(self, selector_id: str) -> str | None:
+        """The target `selector_id` would get if dispatched now (for the dashboard), None
+        when it names no usable target or is not defined. Read-only."""
+        try:
+            return self._pick(selector_id)[0]
+        except (KeyError, ValueError):
+            return None
+
     def _pick(self, selector_id: str) -> Choice:
         """The target selector `selector_id` picks now (no side effect)."""
         sel = self._config.selectors[selector_id]
