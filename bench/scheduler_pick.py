@@ -26,6 +26,11 @@ drain walks the queue with a list.remove per request, O(n²): above `--fifo-max`
 10k) it is not run, and the table says so.
 
     .venv/bin/python bench/scheduler_pick.py [--sizes 10,1000,10000,100000] [--fifo-max N]
+        [--router group|matrix]
+
+`--router matrix` describes the same box as one matrix set, `(A | B | C | D) & Z`: the
+schedulers ask the matrix swapper (cached per target and running set) where they asked the
+group swapper, so the two runs side by side say what the matrix costs a decision.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ from scheduling.core.errors import SchedulingError  # noqa: E402
 from scheduling.core.events import Cancelled, Request, RequestArrived, ServeDone  # noqa: E402
 from scheduling.core.fifo import Fifo  # noqa: E402
 from scheduling.core.handover import SchedulerState  # noqa: E402
+from scheduling.core.matrix import MatrixSwapper  # noqa: E402
 from scheduling.core.serial import Serial  # noqa: E402
-from scheduling.core.swapper import Group, GroupSwapper  # noqa: E402
+from scheduling.core.swapper import Group, GroupSwapper, Swapper  # noqa: E402
 
 MODELS = ("A", "B", "C", "D", "Z")
 QUEUED_FOR = ("B", "C", "D")
@@ -85,11 +91,19 @@ class QuietEffects:
         pass
 
 
+ROUTER = "group"  # --router: the same box as groups or as a matrix
+
+
 def config(kind: str) -> SchedulerConfig:
-    side = Group("side", frozenset({"Z"}), swap=True, exclusive=False, persistent=True)
+    if ROUTER == "matrix":  # one of A B C D, always beside Z: the groups' box as sets
+        swapper: Swapper = MatrixSwapper.compile([("box", "(A | B | C | D) & Z")], {}, {},
+                                                 MODELS)
+    else:
+        side = Group("side", frozenset({"Z"}), swap=True, exclusive=False, persistent=True)
+        swapper = GroupSwapper([side], MODELS)
     return SchedulerConfig(
         models={m: ModelConfig(concurrency_limit=10**9, parallel=1) for m in MODELS},
-        swapper=GroupSwapper([side], MODELS), scheduler=kind)
+        swapper=swapper, scheduler=kind)
 
 
 def build(kind: str, n: int, seed: int = 7) -> tuple[Scheduler, list[Request], Callable[[], int]]:
@@ -170,13 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="largest queue fifo is measured at (its drain is O(n²)); 10000")
     ap.add_argument("--budget", type=float, default=0.3,
                     help="seconds of repetitions per cell, at least one repetition (0.3)")
+    ap.add_argument("--router", choices=("group", "matrix"), default="group",
+                    help="the box described as groups (default) or as a matrix set, "
+                         "`(A | B | C | D) & Z`: what the matrix router costs a decision")
     args = ap.parse_args(argv)
+    global ROUTER
+    ROUTER = args.router
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     kinds = ["serial", "fifo"]
     print(f"scheduler_pick: µs per operation (mean); Python {platform.python_version()}, "
           f"{platform.machine()} {cpu_name()}")
-    print("  box: A B C D one at a time, A loaded and busy; queued for B C D, priorities "
-          "-150..150; Z idle on the side")
+    print(f"  box ({args.router} router): A B C D one at a time, A loaded and busy; queued "
+          "for B C D, priorities -150..150; Z idle on the side")
     whats = ("pick", "decision", "uncontended")
     w = 11
     print(("  " + " " * 7 + "".join(f"{what:^{w * len(kinds) + 2}}" for what in whats)).rstrip())
