@@ -28,6 +28,10 @@ class RequestLog(models.Model):
 
     # the scheduler's decision (scheduling.core.events.Dispatch)
     priority = models.BigIntegerField(default=0)
+    priority_asked = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="The priority the request asked for (X-LlamaSwap-Priority, else service_tier) "
+                  "before its key's range clamped it into `priority`; NULL: it asked for none.")
     band = models.CharField(max_length=16, blank=True)
     score = models.FloatField(null=True, blank=True)
     score_parts = models.JSONField(null=True, blank=True,

@@ -28,8 +28,8 @@ def _wall(monotonic: float, anchor: tuple[float, float]) -> dt.datetime:
 class RequestRecord:
     __slots__ = ("_anchor", "bytes_out", "client", "dispatch", "dispatched", "error", "finished",
                  "first_byte", "method", "model", "model_requested", "outcome", "path",
-                 "priority", "received", "request_id", "scheduler", "status_code", "stream",
-                 "swap_s", "upstream_retries", "usage", "user_agent")
+                 "priority", "priority_asked", "received", "request_id", "scheduler",
+                 "status_code", "stream", "swap_s", "upstream_retries", "usage", "user_agent")
 
     def __init__(self, method: str, path: str, client: str, user_agent: str) -> None:
         now = time.monotonic()
@@ -43,6 +43,7 @@ class RequestRecord:
         self.model_requested = ""
         self.model = ""
         self.priority = 0
+        self.priority_asked: int | None = None  # before the key's range (urgency.py)
         self.stream = False
         self.scheduler = ""
         self.dispatch: Dispatch | None = None
@@ -85,6 +86,7 @@ class RequestRecord:
             "status_code": self.status_code,
             "outcome": self.outcome or outcomes.OK,
             "priority": self.priority,
+            "priority_asked": self.priority_asked,
             "band": d.band if d else band_of(self.priority),
             "score": d.score if d else None,
             "score_parts": ({"priority": d.priority, "affinity": d.affinity, "aging": d.aging,

@@ -302,6 +302,10 @@ class ProxySettingsAdmin(RoutingAdmin):
                                   "explicit concurrencyLimit still applies (429 "
                                   "concurrency_limit), and fifo keeps llama-swap's 10 per "
                                   "model."}),
+        ("Trusted priority", {"fields": ("priority_min", "priority_max", "priority_default"),
+                              "description": "The range for keys without their own (each "
+                                             "value a key leaves empty) and for requests "
+                                             "without a key; all empty: unclamped."}),
         ROUTING_FIELDSET,
         ("Listing", {"fields": ("include_aliases_in_list",)}),
         ("Performance monitoring", {"fields": ("performance_monitoring",
@@ -340,11 +344,13 @@ class ApiKeyAdmin(ManagedBanner):
     """The key is generated on creation, shown once in a message, and stored hashed: no page
     can show it again, because nothing but its SHA-256 and first characters is kept."""
 
-    list_display = ("name", "prefix", "admin", "trusted_peer", "created_at")
+    list_display = ("name", "prefix", "admin", "trusted_peer", "priority_min", "priority_max",
+                    "priority_default", "created_at")
     list_filter = ("admin", "trusted_peer")
     search_fields = ("name", "prefix")
     readonly_fields = ("prefix", "created_at")
-    fields = ("name", "admin", "trusted_peer", "prefix", "created_at")
+    fields = ("name", "admin", "trusted_peer", "priority_min", "priority_max",
+              "priority_default", "prefix", "created_at")
     managed_kind = "api_keys"
 
     def managed_name(self, obj: ApiKey) -> str | None:

@@ -142,6 +142,11 @@ class Catalog:
     profiles: dict[str, CatalogProfile] = field(default_factory=dict)
     active_profile: str = ""  # "" = none
     trusted_peer_keys: frozenset[str] = frozenset()  # sha256 of keys marked trusted peer
+    # (min, max, default) per key that sets any of them (sha256 -> range), and the global one
+    # for the others and for requests without a key; None: no bound / no default
+    priority_ranges: dict[str, tuple[int | None, int | None, int | None]] = field(
+        default_factory=dict)
+    priority_range: tuple[int | None, int | None, int | None] = (None, None, None)
     fingerprint: tuple = ()  # what `fingerprint()` read when this catalog was built
 
     def resolve(self, name: str) -> str | None:

@@ -22,6 +22,8 @@ from scheduling.ports import allocate_ports
 from scheduling.routing_checks import RoutingView, peer_of, selector_of
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 
+_RANGE = ("priority_min", "priority_max", "priority_default")
+
 
 def _allocate_ports(defs: list[ModelDefinition], start: int) -> dict[str, int]:
     """Ports for `${PORT}` left in commands (models added in admin), by scheduling/ports.py's
@@ -41,8 +43,8 @@ def fingerprint() -> tuple:
     models = ModelDefinition.objects.aggregate(n=Count("id"), last=Max("updated_at"))
     groups = tuple(ModelGroup.objects.order_by("group_id").values_list(
         "group_id", "swap", "exclusive", "persistent"))
-    keys = tuple(ApiKey.objects.order_by("key_hash").values_list("key_hash", "name", "admin",
-                                                                  "trusted_peer"))
+    keys = tuple(ApiKey.objects.order_by("key_hash").values_list(
+        "key_hash", "name", "admin", "trusted_peer", *_RANGE))
     return (version, models["n"], models["last"], groups, keys, _routing_digest())
 
 
@@ -111,6 +113,9 @@ def build_catalog() -> Catalog:
     keys = list(ApiKey.objects.values_list("key_hash", "name", "admin", "trusted_peer"))
     api_keys = {digest: name for digest, name, _, _ in keys}
     admin_keys = frozenset(digest for digest, _, admin, _ in keys if admin)
+    ranges = {digest: (lo, hi, default) for digest, lo, hi, default
+              in ApiKey.objects.values_list("key_hash", *_RANGE)
+              if (lo, hi, default) != (None, None, None)}
     peer_rows = list(Peer.objects.order_by("peer_id"))
     peers = {p.peer_id: CatalogPeer(
         peer_id=p.peer_id, proxy=p.proxy, api_key=p.api_key,
@@ -164,5 +169,7 @@ def build_catalog() -> Catalog:
         profiles=profiles,
         active_profile=settings.active_profile if settings.active_profile in profiles else "",
         trusted_peer_keys=frozenset(digest for digest, _, _, peer in keys if peer),
+        priority_ranges=ranges,
+        priority_range=settings.priority_range(),
         fingerprint=stamp,
     )

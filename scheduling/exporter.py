@@ -24,6 +24,7 @@ from scheduling.llamaswap import (
     dump_yaml,
     format_go_duration,
 )
+from scheduling.llamaswap.api_keys import export_priority_range
 from scheduling.meaning import ExportKey, Restored, api_keys_block, restore
 from scheduling.models import (
     ApiKey,
@@ -117,7 +118,7 @@ def export_config() -> dict[str, Any]:
 def _restored() -> Restored:
     last = ConfigImport.last()
     keys = [ExportKey(name=k.name, sha256=k.key_hash, prefix=k.prefix, admin=k.admin,
-                      peer=k.trusted_peer)
+                      peer=k.trusted_peer, priority=export_priority_range(k.priority_range()))
             for k in ApiKey.objects.order_by("name")]
     restored = restore(_llamaswap_routing(plain_export()), last.meaning if last else {}, keys)
     router = restored.data.get("routing", {}).get("router")
@@ -209,7 +210,9 @@ def plain_export() -> dict[str, Any]:
     keys = list(ApiKey.objects.order_by("name"))
     if keys:
         out["apiKeyHashes"] = [{"name": k.name, "sha256": k.key_hash, "prefix": k.prefix,
-                                "admin": k.admin, "peer": k.trusted_peer} for k in keys]
+                                "admin": k.admin, "peer": k.trusted_peer,
+                                **({"priority": rng} if (rng := export_priority_range(
+                                    k.priority_range())) else {})} for k in keys]
     return out
 
 
@@ -312,7 +315,7 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
         elif digest not in old_k:
             lines.append(f"api key {new_k[digest]['name']!r} added")
         else:
-            for key in ("name", "prefix", "admin", "peer"):
+            for key in ("name", "prefix", "admin", "peer", "priority"):
                 if old_k[digest].get(key) != new_k[digest].get(key):
                     lines.append(f"api key {new_k[digest]['name']!r}: {key} "
                                  f"{_show(old_k[digest].get(key))} -> "
@@ -326,4 +329,6 @@ def _export_queue(s: ProxySettings) -> dict[str, Any]:
                 if (n := getattr(s, f"max_waiting_{b}"))}
     if per_band:
         out["maxWaitingPerBand"] = per_band
+    if rng := export_priority_range(s.priority_range()):
+        out["priority"] = rng
     return out

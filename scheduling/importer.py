@@ -72,14 +72,17 @@ _SETTINGS_PATHS = {
     "max_waiting_interactive": "queue.maxWaitingPerBand.interactive",
     "max_waiting_normal": "queue.maxWaitingPerBand.normal",
     "max_waiting_batch": "queue.maxWaitingPerBand.batch",
+    **{f"priority_{b}": f"queue.priority.{b}" for b in ("min", "max", "default")},
     "preload": "hooks.on_startup.preload", "capture_buffer_mb": "captureBuffer",
     "router": "routing.router.use", "matrix_vars": "routing.router.settings.matrix.vars",
     "matrix_evict_costs": "routing.router.settings.matrix.evict_costs",
 }
+_RANGE = ("priority_min", "priority_max", "priority_default")
 _GROUP_PATHS = {"group_id": "", "swap": "swap", "exclusive": "exclusive",
                 "persistent": "persistent"}
 _KEY_PATHS = {"name": "name", "key_hash": "sha256", "prefix": "prefix", "admin": "admin",
-              "trusted_peer": "peer"}
+              "trusted_peer": "peer",
+              **{f"priority_{b}": f"priority.{b}" for b in ("min", "max", "default")}}
 _PEER_PATHS = {"peer_id": "", "proxy": "proxy", "api_key": "apiKey", "models_list": "models",
                "strip_params": "filters.stripParams", "set_params": "filters.setParams",
                "timeouts": "timeouts", "priority_forward": "priorityForward"}
@@ -304,6 +307,7 @@ class _Import:
             "performance_interval": s.performance_interval, "preload": list(s.preload),
             "max_waiting": s.max_waiting, "queue_timeout": s.queue_timeout,
             "capture_buffer_mb": s.capture_buffer_mb,
+            **dict(zip(_RANGE, s.priority_range, strict=True)),
             **{f"max_waiting_{b}": s.max_waiting_per_band.get(b, 0)
                for b in ("interactive", "normal", "batch")},
             "router": s.router, "matrix_vars": dict(s.matrix_vars),
@@ -372,17 +376,19 @@ class _Import:
             _full_clean(row, f"models.{model.model_id}", _MODEL_PATHS)
             self.save(row, changed)
 
-    def _keys(self) -> dict[str, tuple[str, str | None, bool | None, bool | None]]:
-        """sha256 -> (row name, prefix, admin, trusted peer), in file order; None keeps
-        what the database has."""
-        keys: dict[str, tuple[str, str | None, bool | None, bool | None]] = {}
+    def _keys(self) -> dict[str, tuple[str, str | None, bool | None, bool | None, Any]]:
+        """sha256 -> (row name, prefix, admin, trusted peer, priority range), in file order;
+        None keeps what the database has."""
+        keys: dict[str, tuple[str, str | None, bool | None, bool | None, Any]] = {}
         for key in self.parsed.api_keys:
             digest = hash_key(key)
             keys[digest] = (api_key_name(key), key_prefix(key),
                             self.parsed.plain_key_admin.get(digest),
-                            self.parsed.plain_key_peer.get(digest))
+                            self.parsed.plain_key_peer.get(digest),
+                            self.parsed.plain_key_priority.get(digest))
         for entry in self.parsed.api_key_hashes:
-            keys[entry.sha256] = (entry.name, entry.prefix, entry.admin, entry.peer)
+            keys[entry.sha256] = (entry.name, entry.prefix, entry.admin, entry.peer,
+                                  entry.priority)
         return keys
 
     def api_keys(self) -> int:
@@ -393,12 +399,12 @@ class _Import:
         existing = {k.key_hash: k for k in ApiKey.objects.all()}
         # Names are unique too: park renamed rows on a placeholder so a swap of two names
         # does not trip over itself.
-        for digest, (name, _, _, _) in keys.items():
+        for digest, (name, *_) in keys.items():
             row = existing.get(digest)
             if row is not None and row.name != name:
                 ApiKey.objects.filter(pk=row.pk).update(name=f"~import-{row.pk}")
         admins = 0
-        for index, (digest, (name, prefix, admin, peer)) in enumerate(keys.items()):
+        for index, (digest, (name, prefix, admin, peer, rng)) in enumerate(keys.items()):
             row = existing.get(digest) or ApiKey(key_hash=digest)
             values: dict[str, Any] = {"name": name}
             if prefix is not None:
@@ -407,6 +413,8 @@ class _Import:
                 values["admin"] = admin
             if peer is not None:
                 values["trusted_peer"] = peer
+            if rng is not None:
+                values.update(zip(_RANGE, rng, strict=True))
             changed = _assign(row, values)
             _full_clean(row, _key_path(self.parsed, index), _KEY_PATHS)
             self.save(row, changed)

@@ -120,6 +120,7 @@ class ExportKey:
     prefix: str
     admin: bool
     peer: bool = False  # a trusted peer (`peer: true`)
+    priority: dict[str, int] = field(default_factory=dict)  # `priority: {min, max, default}`
 
 
 @dataclass
@@ -215,15 +216,18 @@ def restore(plain: dict[str, Any], meaning: Mapping[str, Any],
     for key in keys:
         if key.sha256 in refs:
             result.api_keys.append(refs[key.sha256])
-            if (key.admin or key.peer) and key.name == f"config-{key.sha256[:8]}":
+            if (key.admin or key.peer or key.priority) and (
+                    key.name == f"config-{key.sha256[:8]}"):
                 # its rank, beside the reference (api_keys.py reads the pair by that name)
                 hashed.append({"name": key.name, "sha256": key.sha256,
                                **({"admin": True} if key.admin else {}),
-                               **({"peer": True} if key.peer else {})})
+                               **({"peer": True} if key.peer else {}),
+                               **({"priority": key.priority} if key.priority else {})})
             continue
         result.unwritable.append(key)
         hashed.append({"name": key.name, "sha256": key.sha256, "prefix": key.prefix,
-                       "admin": key.admin, **({"peer": True} if key.peer else {})})
+                       "admin": key.admin, **({"peer": True} if key.peer else {}),
+                       **({"priority": key.priority} if key.priority else {})})
         result.warnings.append(
             f"API key {key.name!r} ({key.prefix}…): its value is not stored (only its "
             "SHA-256), so the exported file has no usable key for it: llama-swap ignores "

@@ -14,6 +14,7 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
+from scheduling.priority_range import PriorityRange
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, resolve_parallel
 from scheduling.spec import UpstreamSpec, split_command
@@ -259,7 +260,7 @@ class ModelDefinition(models.Model):
         )
 
 
-class ProxySettings(models.Model):
+class ProxySettings(PriorityRange):
     """The one row of global settings (pk=1), edited live in admin; `version` bumps on save."""
 
     SCHEDULERS = [("serial", "serial (priority + swap affinity + aging)"),
@@ -380,6 +381,7 @@ class ProxySettings(models.Model):
         if not isinstance(self.preload, list) or not all(
                 isinstance(p, str) for p in self.preload):
             errors["preload"] = "preload must be a list of model ids."
+        errors.update(self.priority_range_errors())
         if errors:
             raise ValidationError(errors)
 
@@ -428,7 +430,7 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class ApiKey(models.Model):
+class ApiKey(PriorityRange):
     """A client credential; only its SHA-256 is stored, the key is shown once at creation."""
 
     name = models.CharField(max_length=100, unique=True,

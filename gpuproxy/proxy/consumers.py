@@ -373,7 +373,7 @@ class ProxyConsumer(UpstreamExchange):
 
     def priority(self, json_body: dict[str, Any] | None) -> int:
         """The priority applied here, the scheduler's and a peer's (urgency.py)."""
-        return urgency.applied_priority(self.headers, json_body)
+        return urgency.applied_priority(self.headers, json_body, self.rt.catalog, self.rec)
 
     async def upstream_passthrough(self, rest: str, body: bytes) -> None:
         """`/upstream/<model>/<path>`: any method, straight to the model's server."""

@@ -1,19 +1,22 @@
 """What a request says about how urgent it is and how long it has waited, decided once.
 
 The priority this node *applies* (`applied_priority`) is the one the scheduler gets and the
-one a peer is told (gpuproxy/proxy/peers.py): both read it from here, so a clamp added later
-(per-key ranges) reaches both. The arrival a trusted peer carries (`X-LlamaSwap-Arrived`) is
-honoured only from a caller whose key is marked trusted peer; anyone else's is ignored, as an
-ordinary client's header (docs/scheduling.md, "Priority across peers").
+one a peer is told (gpuproxy/proxy/peers.py): both read it from here, so the clamp into the
+caller's key's range (`ApiKey.priority_min/max/default`, else the global range in the proxy
+settings; docs/scheduling.md, "Trusted priority") reaches both. The arrival a trusted peer
+carries (`X-LlamaSwap-Arrived`) is honoured only from a caller whose key is marked trusted
+peer; anyone else's is ignored, as an ordinary client's header (docs/scheduling.md,
+"Priority across peers").
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from gpuproxy.proxy.auth import presented_key
 from scheduling.catalog import Catalog
@@ -27,14 +30,68 @@ ARRIVED_HEADER = b"x-llamaswap-arrived"
 MAX_AGE = 24 * 3600.0
 
 
-def applied_priority(headers: Mapping[bytes, bytes], json_body: dict[str, Any] | None) -> int:
-    """The header's priority; without the header, OpenAI's `service_tier` in the body."""
+# A header value that means 0 on purpose; parse_priority also gives 0 for junk, which asks
+# for nothing (the key's default applies).
+_ZERO = re.compile(r"[ \t]*(?:[+-]?0+|normal)[ \t]*", re.IGNORECASE)
+
+Range = tuple[int | None, int | None, int | None]  # (min, max, default); None: unset
+UNSET: Range = (None, None, None)
+
+
+class Asked(Protocol):
+    """Where the asked priority is kept (activity/record.py's `Rec`)."""
+
+    priority_asked: int | None
+
+
+def asked_priority(headers: Mapping[bytes, bytes], json_body: dict[str, Any] | None
+                   ) -> int | None:
+    """What the request asks for: the header's priority; without the header, OpenAI's
+    `service_tier` in the body; None when it asks for nothing (no header and no known tier,
+    or an empty or unparseable header, which the seed read as 0 and still ignores the tier)."""
     header = headers.get(PRIORITY_HEADER)
-    if header is None and json_body is not None:
-        tier = service_tier_priority(json_body.get("service_tier"))
-        if tier is not None:
-            return tier
-    return parse_priority(header)
+    if header is None:
+        if json_body is None:
+            return None
+        return service_tier_priority(json_body.get("service_tier"))
+    value = parse_priority(header)
+    if value == 0 and not _ZERO.fullmatch(header.decode("latin-1")):
+        return None
+    return value
+
+
+def clamp(asked: int | None, key: Range, default_range: Range) -> int:
+    """The priority applied: `asked`, else the default, kept within min..max. Each of the
+    key's three values falls back to the global one when the key leaves it unset, so a key
+    with only a max is capped above and bounded below only as every key is (by default not
+    at all). The default, else 0, is clamped too: a global max of -50 puts everything that
+    asks for nothing in the batch band."""
+    lo, hi, default = (k if k is not None else g for k, g in zip(key, default_range,
+                                                                   strict=True))
+    value = asked if asked is not None else (default if default is not None else 0)
+    if hi is not None and value > hi:
+        value = hi
+    if lo is not None and value < lo:
+        value = lo
+    return value
+
+
+def key_range(headers: Mapping[bytes, bytes], catalog: Catalog) -> Range:
+    """The range of the key the request was let in with; UNSET without keys or a range."""
+    if not catalog.priority_ranges:
+        return UNSET
+    digest = _digest(headers)
+    return catalog.priority_ranges.get(digest, UNSET) if digest else UNSET
+
+
+def applied_priority(headers: Mapping[bytes, bytes], json_body: dict[str, Any] | None,
+                     catalog: Catalog, rec: Asked | None = None) -> int:
+    """The priority this node applies (the scheduler's, a peer's, vLLM's): the asked one
+    clamped into the caller's key's range. `rec` keeps the asked one for the activity row."""
+    asked = asked_priority(headers, json_body)
+    if rec is not None:
+        rec.priority_asked = asked
+    return clamp(asked, key_range(headers, catalog), catalog.priority_range)
 
 
 def queue_deadline(headers: Mapping[bytes, bytes], default: float) -> float | None:
@@ -57,11 +114,14 @@ def from_trusted_peer(headers: Mapping[bytes, bytes], catalog: Catalog) -> bool:
     No keys defined, no trust: anyone may send any header then."""
     if not catalog.api_keys or not catalog.trusted_peer_keys:
         return False
+    return _digest(headers) in catalog.trusted_peer_keys
+
+
+def _digest(headers: Mapping[bytes, bytes]) -> str:
+    """The SHA-256 of the presented key, as the catalog's key sets hold it; "" for none."""
     key = presented_key(headers.get(b"authorization", b"").decode("latin-1"),
                         headers.get(b"x-api-key", b"").decode("latin-1"))
-    if key is None:
-        return False
-    return hashlib.sha256(key.encode()).hexdigest() in catalog.trusted_peer_keys
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
 def carried_age(raw: bytes | None, now: float) -> float:

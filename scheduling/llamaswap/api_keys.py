@@ -1,6 +1,7 @@
 """The `apiKeys` (plain) and `apiKeyHashes` (name + SHA-256) sections: keys checked for
-duplicates and names, and an exported plain key's `admin:` and `peer:` (a trusted peer,
-whose forwarded priority and arrival time are believed) told apart from a new key.
+duplicates and names, and an exported plain key's `admin:`, `peer:` (a trusted peer,
+whose forwarded priority and arrival time are believed) and `priority:` (its range, see
+`read_priority_range`) told apart from a new key.
 """
 
 from __future__ import annotations
@@ -11,14 +12,52 @@ import re
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.llamaswap.parsed import API_KEY_NAME_MAX, ParsedApiKey, api_key_name
 from scheduling.llamaswap.reader import Reader
+from scheduling.llamaswap.values import describe
+
+Range = tuple[int | None, int | None, int | None]  # (min, max, default); None: unset
+_BOUNDS = ("min", "max", "default")
+_ALIASES = {"interactive": 100, "normal": 0, "batch": -100}  # scheduling/core/priority.py's
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def read_priority_range(r: Reader, value: object, where: str) -> Range:
+    """`priority: {min, max, default}` (gpuproxy): each an integer or a band alias
+    (interactive, normal, batch), absent or null for no bound / no default; a min above the
+    max, or a default outside them, is refused here with the path rather than at save."""
+    raw = r.mapping(value, where)
+    r.known_keys(raw, where, frozenset(_BOUNDS))
+    out: list[int | None] = []
+    for bound in _BOUNDS:
+        v = raw.get(bound)
+        if isinstance(v, str) and v.lower() in _ALIASES:
+            v = _ALIASES[v.lower()]
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                or not _INT64[0] <= v <= _INT64[1]):
+            raise ConfigError(f"{where}.{bound}", f"expected a signed 64-bit integer or one of "
+                                                  f"interactive, normal, batch; got {describe(v)}")
+        out.append(v)
+    lo, hi, default = out
+    if lo is not None and hi is not None and lo > hi:
+        raise ConfigError(f"{where}.max", f"{hi} is below min {lo}: no priority would fit")
+    if default is not None and ((lo is not None and default < lo)
+                                or (hi is not None and default > hi)):
+        raise ConfigError(f"{where}.default", f"{default} lies outside min..max; set it "
+                                              "inside the range")
+    return lo, hi, default
+
+
+def export_priority_range(rng: Range) -> dict[str, int]:
+    """The `priority:` mapping for a range, unset values left out ({} for none)."""
+    return {b: v for b, v in zip(_BOUNDS, rng, strict=True) if v is not None}
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 def read_api_keys(r: Reader) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...],
-                                      dict[str, bool], dict[str, bool]]:
-    """`apiKeys` and `apiKeyHashes`: (plain keys, hashed keys, {sha256: admin} and
-    {sha256: trusted peer} of exported plain keys listed beside the key)."""
+                                      dict[str, bool], dict[str, bool], dict[str, Range]]:
+    """`apiKeys` and `apiKeyHashes`: (plain keys, hashed keys, {sha256: admin},
+    {sha256: trusted peer} and {sha256: priority range} of exported plain keys listed beside
+    the key)."""
     plain: list[str] = []
     first_at: dict[str, int] = {}  # sha256 -> index in apiKeys
     names: dict[str, str] = {}  # name -> where it was given
@@ -41,16 +80,20 @@ def read_api_keys(r: Reader) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...],
     hashed: list[ParsedApiKey] = []
     plain_admin: dict[str, bool] = {}
     plain_peer: dict[str, bool] = {}
+    plain_priority: dict[str, Range] = {}
     plain_names = {api_key_name(k): h for k, h in zip(plain, first_at, strict=True)}
     seen_hashes = set(first_at)
     for i, raw in enumerate(r.seq(r.data.get("apiKeyHashes"), "apiKeyHashes")):
         where = f"apiKeyHashes[{i}]"
         raw = r.mapping(raw, where)
-        r.known_keys(raw, where, frozenset({"name", "sha256", "prefix", "admin", "peer"}))
+        r.known_keys(raw, where, frozenset({"name", "sha256", "prefix", "admin", "peer",
+                                                  "priority"}))
         admin = (None if raw.get("admin") is None
                  else r.boolean(raw.get("admin"), f"{where}.admin", False))
         peer = (None if raw.get("peer") is None
                 else r.boolean(raw.get("peer"), f"{where}.peer", False))
+        priority = (None if "priority" not in raw
+                    else read_priority_range(r, raw["priority"], f"{where}.priority"))
         name = r.text(raw.get("name"), f"{where}.name")
         digest = r.text(raw.get("sha256"), f"{where}.sha256").lower()
         if not name or name != name.strip() or len(name) > API_KEY_NAME_MAX:
@@ -70,6 +113,8 @@ def read_api_keys(r: Reader) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...],
                 plain_admin[digest] = admin
             if peer is not None:
                 plain_peer[digest] = peer
+            if priority is not None:
+                plain_priority[digest] = priority
             continue
         if digest in seen_hashes:
             raise ConfigError(f"{where}.sha256", "the same key is already listed (under "
@@ -80,5 +125,5 @@ def read_api_keys(r: Reader) -> tuple[tuple[str, ...], tuple[ParsedApiKey, ...],
         seen_hashes.add(digest)
         names[name] = where
         hashed.append(ParsedApiKey(name=name, sha256=digest, prefix=prefix, admin=admin,
-                                   peer=peer))
-    return tuple(plain), tuple(hashed), plain_admin, plain_peer
+                                   peer=peer, priority=priority))
+    return tuple(plain), tuple(hashed), plain_admin, plain_peer, plain_priority

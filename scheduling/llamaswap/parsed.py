@@ -53,6 +53,8 @@ class ParsedSettings:
     max_waiting: int = 20_000
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)
     queue_timeout: int = 0
+    # `queue.priority: {min, max, default}` (gpuproxy): keys without their own; unset = none
+    priority_range: tuple[int | None, int | None, int | None] = (None, None, None)
     capture_buffer_mb: int = 0
     router: str = "group"  # `routing.router.use` (or "matrix" for a top-level `matrix:`)
     matrix_vars: dict[str, str] = field(default_factory=dict)
@@ -156,6 +158,8 @@ class ParsedApiKey:
     prefix: str | None = None  # None = keep what the database has
     admin: bool | None = None  # `admin:` (gpuproxy); None = keep what the database has
     peer: bool | None = None  # `peer:` (gpuproxy): a trusted peer; None = keep the database's
+    # `priority: {min, max, default}` (gpuproxy); None = keep the database's
+    priority: tuple[int | None, int | None, int | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ class ParsedConfig:
     # `admin:` of an `apiKeyHashes` entry that is the export of a plain key listed beside it
     plain_key_admin: dict[str, bool] = field(default_factory=dict)  # sha256 -> admin
     plain_key_peer: dict[str, bool] = field(default_factory=dict)  # sha256 -> trusted peer
+    plain_key_priority: dict[str, tuple[int | None, int | None, int | None]] = field(
+        default_factory=dict)  # sha256 -> priority range
     # `routing.router.settings.matrix.sets` (or a top-level `matrix:`'s): (name, DSL) in order
     matrix_sets: tuple[tuple[str, str], ...] = ()
     peers: tuple[ParsedPeer, ...] = ()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from scheduling.llamaswap.api_keys import read_api_keys
+from scheduling.llamaswap.api_keys import read_api_keys, read_priority_range
 from scheduling.llamaswap.errors import TOP_UNSUPPORTED, ConfigError
 from scheduling.llamaswap.loading import load_yaml
 from scheduling.llamaswap.macros import macro_table
@@ -73,10 +73,12 @@ def _parse(r: Reader) -> ParsedConfig:
                        matrix_vars=matrix_vars, matrix_evict_costs=matrix_costs)
     models = tuple(replace(m, group=group_of.get(m.model_id),
                            fifo_priority=priority.get(m.model_id, 0)) for m in models)
-    api_keys, api_key_hashes, plain_key_admin, plain_key_peer = read_api_keys(r)
+    api_keys, api_key_hashes, plain_key_admin, plain_key_peer, plain_key_priority = (
+        read_api_keys(r))
     return ParsedConfig(settings=settings, models=models, groups=groups, api_keys=api_keys,
                         api_key_hashes=api_key_hashes, plain_key_admin=plain_key_admin,
-                        plain_key_peer=plain_key_peer, matrix_sets=matrix_sets,
+                        plain_key_peer=plain_key_peer, plain_key_priority=plain_key_priority,
+                        matrix_sets=matrix_sets,
                         peers=read_peers(r), selectors=read_selectors(r),
                         profiles=read_profiles(r), warnings=r.warnings)
 
@@ -122,7 +124,7 @@ def _settings(r: Reader) -> ParsedSettings:
                  "performance", frozenset())
     queue = r.mapping(data.get("queue"), "queue")
     r.known_keys(queue, "queue", frozenset({"maxWaiting", "maxWaitingPerBand",
-                                            "timeout"}))
+                                            "timeout", "priority"}))
     per_band_raw = r.mapping(queue.get("maxWaitingPerBand"), "queue.maxWaitingPerBand")
     r.known_keys(per_band_raw, "queue.maxWaitingPerBand",
                  frozenset({"interactive", "normal", "batch"}))
@@ -144,6 +146,7 @@ def _settings(r: Reader) -> ParsedSettings:
                               minimum=0),
         max_waiting_per_band=per_band,
         queue_timeout=r.integer(queue.get("timeout"), "queue.timeout", 0, minimum=0),
+        priority_range=read_priority_range(r, queue.get("priority"), "queue.priority"),
         capture_buffer_mb=r.integer(data.get("captureBuffer"), "captureBuffer", 0, minimum=0),
     )
 
