@@ -18,6 +18,7 @@ from tests.helpers import queue_until as wait_queue
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BANDS = ("interactive", "normal", "batch")
+CHAT_OK = {"endpoint": "chat", "outcome": "ok", "status_class": "2xx"}
 
 
 class Scrape:
@@ -112,7 +113,7 @@ def test_queue_depth_dispatches_and_oldest_wait_per_band(serve):
     assert first.served < urgent.served < min(c.served for c in batch)
 
     s = scrape_until(proxy, lambda s: s.get(
-        "gpuproxy_requests_total", model="solo", band="batch", outcome="ok") == 3)
+        "gpuproxy_requests_total", model="solo", band="batch", **CHAT_OK) == 3)
     assert s.per_band("gpuproxy_queue_depth") == dict.fromkeys(BANDS, 0)
     assert s.per_band("gpuproxy_queue_oldest_wait_seconds") == dict.fromkeys(BANDS, 0)
     assert s.per_band("gpuproxy_dispatched_total") == {"interactive": 1, "normal": 1,
@@ -121,11 +122,11 @@ def test_queue_depth_dispatches_and_oldest_wait_per_band(serve):
                                                                "batch": 3}
     # the batch requests waited at least as long as we watched them queue
     assert s.get("gpuproxy_queue_wait_seconds_sum", band="batch") >= 3 * (before - batch_seen)
-    assert s.get("gpuproxy_requests_total", model="solo", band="interactive",
-                 outcome="ok") == 1
-    assert s.get("gpuproxy_requests_total", model="solo", band="normal", outcome="ok") == 1
-    assert s.get("gpuproxy_request_duration_seconds_count", model="solo") == 5
-    assert s.get("gpuproxy_time_to_first_token_seconds_count", model="solo") == 5
+    assert s.get("gpuproxy_requests_total", model="solo", band="interactive", **CHAT_OK) == 1
+    assert s.get("gpuproxy_requests_total", model="solo", band="normal", **CHAT_OK) == 1
+    assert s.get("gpuproxy_request_duration_seconds_count", model="solo", endpoint="chat") == 5
+    # not streamed: timed as responses, not first tokens (tests/test_metrics_endpoint.py)
+    assert s.get("gpuproxy_time_to_response_seconds_count", model="solo", endpoint="chat") == 5
     assert s.get("gpuproxy_tokens_total", model="solo", kind="completion") == 5  # 1 each
     assert s.get("gpuproxy_tokens_total", model="solo", kind="prompt") > 0
     assert s.get("gpuproxy_swaps_total", model="solo") == 1
@@ -235,17 +236,17 @@ def test_outcomes_crashes_and_start_failures(serve):
 
     s = scrape_until(proxy, lambda s: s.get("gpuproxy_upstream_exits_total", model="solo") == 1
                      and s.get("gpuproxy_requests_total", model="solo", band="batch",
-                               outcome="ok") == 1)
+                               **CHAT_OK) == 1)
     assert s.get("gpuproxy_upstream_exits_total", model="solo") == 1
     assert s.get("gpuproxy_model_state", model="solo", state="stopped") == 1
     assert s.get("gpuproxy_upstream_start_failures_total", model="broken") == 1
     assert s.get("gpuproxy_upstream_exits_total", model="broken") == 0
     assert s.get("gpuproxy_model_state", model="broken", state="failed") == 1
     assert s.get("gpuproxy_swaps_total", model="broken") == 0
-    assert s.get("gpuproxy_requests_total", model="", band="normal",
-                 outcome="unknown_model") == 1
-    assert s.get("gpuproxy_requests_total", model="broken", band="normal",
-                 outcome="start_failed") == 1
+    assert s.get("gpuproxy_requests_total", model="", band="normal", endpoint="chat",
+                 outcome="unknown_model", status_class="4xx") == 1
+    assert s.get("gpuproxy_requests_total", model="broken", band="normal", endpoint="chat",
+                 outcome="start_failed", status_class="5xx") == 1
     assert s.get("gpuproxy_tokens_total", model="solo", kind="completion") == 2
     # label values stay bounded: the unknown name never becomes a label
     assert not any(("model", "nope") in labels for _, labels in s.samples)

@@ -148,8 +148,9 @@ def test_every_request_process_answers_metrics_for_the_whole_proxy(serve):
         r = httpx.get(proxy.base + "/metrics", trust_env=False, timeout=30)
         assert r.status_code == 200, r.text
         text = r.text
-        served = re.findall(r'^gpuproxy_requests_total\{band="normal",model="solo",'
-                            r'outcome="ok"\} (\S+)$', text, re.M)
+        served = re.findall(r'^gpuproxy_requests_total\{band="normal",endpoint="chat",'
+                            r'model="solo",outcome="ok",status_class="2xx"\} (\S+)$', text,
+                            re.M)
         assert served == ["6.0"], text
         assert re.search(r'^gpuproxy_model_state\{model="solo",state="ready"\} 1\.0$', text,
                          re.M), text

@@ -7,8 +7,8 @@ is summed over the processes (a request process counts its own requests; the sch
 process counts queue, swap and model series, and reports zeros for the rest), so the output
 has the very names and labels of a one-process proxy. Two exceptions: a process's own
 `process_*` and `python_*` series keep one line per process, labelled `worker` ("scheduler",
-or the request process's pid), and the oldest-wait gauge takes the largest value, not the
-sum.
+or the request process's pid), and the oldest-wait gauge and the build info (1 in every
+process, not N + 1) take the largest value, not the sum.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 PER_PROCESS = ("process_", "python_")
-LARGEST = frozenset({"gpuproxy_queue_oldest_wait_seconds"})
+LARGEST = frozenset({"gpuproxy_queue_oldest_wait_seconds", "gpuproxy_build_info"})
 CUMULATIVE = frozenset({"counter", "histogram", "summary"})
 
 

@@ -13,7 +13,8 @@ Three ways figures get here, chosen by who owns them:
   immutable sample swapped in whole.
 
 Label values are bounded: model ids from the configuration ("" for a request that named no
-defined model), the three bands, the outcome set and the process states. Never request ids.
+defined model), the three bands, the outcome set, the endpoint set (activity/endpoints.py, never
+the raw path), the status class and the process states. Never request ids.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from activity.endpoints import endpoint as endpoint_of
+from gpuproxy import version
 from gpuproxy.observe import published
 from gpuproxy.observe.history import HISTORY
 from gpuproxy.observe.perf import PerfCollector
@@ -40,9 +43,12 @@ from scheduling.core.priority import BANDS
 # The `state` label's values: the process states, as gpuproxy.upstream spells them.
 MODEL_STATES = tuple(state.value for state in State)
 
-# Seconds. Waits span a few milliseconds (a free slot) to an hour (batch behind a busy box).
+# Seconds. Waits span a few milliseconds (a free slot) to hours: a batch request is designed
+# to wait up to the starvation bound, (200 + swapAffinityBonus) x agingDivisor = 12,600 s with
+# the defaults (docs/scheduling.md), so the buckets go to 6 h with one at that bound; a wait
+# past 6 h lands in +Inf, where a quantile can only say "over 6 h".
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
-                600, 1800, 3600)
+                600, 1800, 3600, 7200, 10800, 12600, 14400, 21600)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 SWAP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -120,6 +126,22 @@ class SchedulerCollector:
         yield pending
 
 
+class BuildInfoCollector:
+    """`gpuproxy_build_info{version,commit,build_date} 1`: which build answers, joinable onto
+    any series by instance (`* on (instance) group_left (version) gpuproxy_build_info`)."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        info = version.version_info()
+        family = GaugeMetricFamily(
+            "gpuproxy_build_info", "Always 1; the labels say which gpuproxy build this is.",
+            labels=["version", "commit", "build_date"])
+        family.add_metric([info["version"], info["commit"], info["build_date"]], 1)
+        yield family
+
+
 class ActivityCollector:
     """The activity writer's counters, read at scrape time (plain integers)."""
 
@@ -155,15 +177,21 @@ QUEUE_WAIT = Histogram(
     "gpuproxy_queue_wait_seconds", "Arrival to dispatch, observed at dispatch.", ["band"],
     buckets=WAIT_BUCKETS)
 REQUESTS = Counter(
-    "gpuproxy_requests", "Finished requests by model, band and activity-log outcome.",
-    ["model", "band", "outcome"])
+    "gpuproxy_requests", "Finished requests by model, band, endpoint, activity-log outcome and "
+    "HTTP status class.", ["model", "band", "endpoint", "outcome", "status_class"])
 REQUEST_DURATION = Histogram(
     "gpuproxy_request_duration_seconds", "Arrival to the last byte of the response.",
-    ["model"], buckets=DURATION_BUCKETS)
+    ["model", "endpoint"], buckets=DURATION_BUCKETS)
+# Streaming requests only: for a non-streamed answer the first byte comes once the whole
+# answer is computed, and mixing the two made the quantiles mean neither.
 TTFT = Histogram(
     "gpuproxy_time_to_first_token_seconds",
-    "Dispatch to the first byte of the upstream's response.", ["model"],
-    buckets=TTFT_BUCKETS)
+    "Streaming requests: dispatch to the first byte of the upstream's response.",
+    ["model", "endpoint"], buckets=TTFT_BUCKETS)
+RESPONSE_TIME = Histogram(
+    "gpuproxy_time_to_response_seconds",
+    "Non-streaming requests: dispatch to the first byte of the upstream's response (the "
+    "answer computed whole).", ["model", "endpoint"], buckets=DURATION_BUCKETS)
 TOKENS = Counter(
     "gpuproxy_tokens", "Tokens reported by the upstream (usage or timings).",
     ["model", "kind"])
@@ -210,15 +238,24 @@ def observe_swap(model: str, seconds: float) -> None:
     HISTORY.swap()
 
 
+def status_class(status: int) -> str:
+    """`2xx`, `4xx`, `5xx`...: the label the error-rate alert divides by, bounded whatever a
+    misbehaving upstream answers; `none` for a request that got no status (never 0xx)."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "none"
+
+
 def observe_request(row: Mapping[str, Any]) -> None:
     """One finished activity row (activity/record.py's `row()`)."""
     model = row["model"]
+    endpoint = endpoint_of(row["path"])
     HISTORY.request(row)
-    _labelled(REQUESTS, model, row["band"], row["outcome"]).inc()
+    _labelled(REQUESTS, model, row["band"], endpoint, row["outcome"],
+              status_class(row["status_code"])).inc()
     if row["duration_ms"] is not None:
-        _labelled(REQUEST_DURATION, model).observe(row["duration_ms"] / 1000)
+        _labelled(REQUEST_DURATION, model, endpoint).observe(row["duration_ms"] / 1000)
     if row["ttft_ms"] is not None:
-        _labelled(TTFT, model).observe(row["ttft_ms"] / 1000)
+        _labelled(TTFT if row["stream"] else RESPONSE_TIME, model, endpoint).observe(
+            row["ttft_ms"] / 1000)
     n = row["prompt_tokens"]
     if n:
         _labelled(TOKENS, model, "prompt").inc(n)
@@ -255,12 +292,8 @@ def models_configured(models: Iterable[str]) -> None:
         START_FAILURES.labels(m)
         EXITS.labels(m)
         RETRIES.labels(m)
-        REQUEST_DURATION.labels(m)
-        TTFT.labels(m)
         for kind in ("prompt", "completion"):
             TOKENS.labels(m, kind)
-        for b in BANDS:
-            REQUESTS.labels(m, b, "ok")
     published.set_models(ids)
 
 
@@ -275,5 +308,6 @@ def register(registry: CollectorRegistry = REGISTRY) -> None:
         disable_created_metrics()
         registry.register(SchedulerCollector())
         registry.register(ActivityCollector())
+        registry.register(BuildInfoCollector())
         registry.register(_PerfCollector())
         _registered = True
