@@ -106,6 +106,22 @@ def test_the_presented_key_picks_its_range_and_the_record_keeps_the_asked_value(
     assert rec.row()["priority_asked"] == 100
 
 
+def test_a_trusted_peer_key_gets_its_own_range_not_the_global_one():
+    """The entry node already applied its range; a receiving node caps a peer only by the
+    range its key is given."""
+    catalog = Catalog(api_keys={sha("sk-peer"): "entry", sha("sk-capped-peer"): "capped"},
+                      trusted_peer_keys=frozenset({sha("sk-peer"), sha("sk-capped-peer")}),
+                      priority_ranges={sha("sk-capped-peer"): (None, 50, None)},
+                      priority_range=(-100, 100, -100))
+    assert urgency.applied_priority({b"x-api-key": b"sk-peer", H: b"1000"}, None,
+                                    catalog) == 1000
+    assert urgency.applied_priority({b"x-api-key": b"sk-peer"}, None, catalog) == 0
+    assert urgency.applied_priority({b"x-api-key": b"sk-capped-peer", H: b"1000"}, None,
+                                    catalog) == 50
+    assert urgency.applied_priority({b"x-api-key": b"sk-capped-peer", H: b"-900"}, None,
+                                    catalog) == -900
+
+
 # ---- the database, the admin, the config ----------------------------------------------------
 
 @pytest.mark.django_db

@@ -87,11 +87,14 @@ def key_range(headers: Mapping[bytes, bytes], catalog: Catalog) -> Range:
 def applied_priority(headers: Mapping[bytes, bytes], json_body: dict[str, Any] | None,
                      catalog: Catalog, rec: Asked | None = None) -> int:
     """The priority this node applies (the scheduler's, a peer's, vLLM's): the asked one
-    clamped into the caller's key's range. `rec` keeps the asked one for the activity row."""
+    clamped into the caller's key's range. A trusted peer's key gets its own range only, not
+    the global one: the entry node already applied its own. `rec` keeps the asked one for
+    the activity row."""
     asked = asked_priority(headers, json_body)
     if rec is not None:
         rec.priority_asked = asked
-    return clamp(asked, key_range(headers, catalog), catalog.priority_range)
+    fallback = UNSET if from_trusted_peer(headers, catalog) else catalog.priority_range
+    return clamp(asked, key_range(headers, catalog), fallback)
 
 
 def queue_deadline(headers: Mapping[bytes, bytes], default: float) -> float | None:
