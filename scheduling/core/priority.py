@@ -2,8 +2,9 @@
 
 A caller states how urgent its request is with a signed integer, or with one of three aliases:
 `interactive` (+100), `normal` (0), `batch` (-100), in any case. Absent, empty or unparseable
-means 0 and is never an error. Values are not clamped, so a caller can compose a band and an
-offset itself (`interactive` + 3 = 103). Bands sit 100 apart and the swap-affinity bonus is at
+means 0 and is never an error. Values are not clamped here, so a caller can compose a band and
+an offset itself (`interactive` + 3 = 103); a key's range, where one is configured, clamps them
+in gpuproxy/proxy/urgency.py. Bands sit 100 apart and the swap-affinity bonus is at
 most 99, so affinity never promotes a request into the next band at equal age.
 """
 
