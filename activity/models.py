@@ -9,6 +9,8 @@ from django.db import models
 
 from activity import outcomes
 
+END_USER_MAX = 255
+
 
 class RequestLog(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -43,15 +45,55 @@ class RequestLog(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
 
     stream = models.BooleanField(default=False)
-    prompt_tokens = models.IntegerField(null=True, blank=True)
-    completion_tokens = models.IntegerField(null=True, blank=True)
-    cached_tokens = models.IntegerField(null=True, blank=True)
+    # Token columns, one meaning for every backend (activity/usage.py, docs/activity.md).
+    input_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="All prompt tokens, cached ones included, whatever the backend reported them "
+                  "as (llama.cpp prompt_n + cache_n, OpenAI/vLLM prompt_tokens, Anthropic "
+                  "input_tokens + cache_read + cache_creation)")
+    output_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="Generated tokens; for a stream that ended without usage (cancelled), the "
+                  "content events relayed (see output_tokens_counted)")
+    output_tokens_counted = models.BooleanField(
+        default=False, db_default=False,
+        help_text="True: the upstream reported no output count, output_tokens is the number of "
+                  "content events relayed to the client (one per token on llama.cpp and vLLM)")
+    draft_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="Speculative-decoding tokens drafted (llama.cpp timings.draft_n); NULL: not "
+                  "reported")
+    draft_accepted_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="Drafted tokens the target model accepted (llama.cpp draft_n_accepted)")
+    prompt_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="Alias of input_tokens since migration 0006 (before it: uncached tokens under "
+                  "llama.cpp, see docs/activity.md)")
+    completion_tokens = models.IntegerField(
+        null=True, blank=True, help_text="Alias of output_tokens since migration 0006")
+    cached_tokens = models.IntegerField(
+        null=True, blank=True,
+        help_text="Prompt tokens served from the prompt cache, part of input_tokens (llama.cpp "
+                  "cache_n, OpenAI/vLLM prompt_tokens_details.cached_tokens, Anthropic "
+                  "cache_read_input_tokens)")
     prompt_tps = models.FloatField(null=True, blank=True)
     generation_tps = models.FloatField(null=True, blank=True)
 
     scheduler = models.CharField(max_length=32, blank=True)
     client = models.CharField(max_length=255, blank=True,
                               help_text="API key name, else the remote address")
+    client_ip = models.GenericIPAddressField(
+        null=True, blank=True,
+        help_text="The client's address: the TCP peer, or from X-Forwarded-For/Forwarded when "
+                  "the peer is a trusted proxy (GPUPROXY_TRUSTED_PROXIES)")
+    end_user = models.CharField(
+        max_length=END_USER_MAX, blank=True,
+        help_text="The body's `user` field (OpenAI's end-user id, Anthropic metadata.user_id), "
+                  "cut to 255 characters")
+    endpoint = models.CharField(
+        max_length=32, blank=True,
+        help_text="The kind of call (chat, completions, embeddings...; activity/endpoints.py)")
     user_agent = models.CharField(max_length=512, blank=True)
     error = models.TextField(blank=True)
     # db_default too: rows written by another client (an older writer, a script) get 0. No
