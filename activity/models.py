@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from activity import outcomes
+from activity import events, outcomes
 
 END_USER_MAX = 255
 
@@ -132,3 +132,40 @@ class Capture(models.Model):
 
     def __str__(self) -> str:
         return f"capture {self.request_id} ({self.size} bytes)"
+
+
+class ModelEvent(models.Model):
+    """One thing that happened to a model's process: a load, ready, unload, idle unload,
+    crash, start failure or restart (`activity/events.py` has the kinds and reasons), written
+    by the events writer off the event loop. `activity_modelevent`, like the app's other
+    tables, so that `\\dt activity_*` lists every table analysts read."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(help_text="when it happened")
+    model = models.CharField(max_length=255, help_text="the model id")
+    kind = models.CharField(max_length=events.KIND_MAX_LENGTH, choices=events.KIND_CHOICES)
+    reason = models.CharField(max_length=events.REASON_MAX_LENGTH, blank=True,
+                              choices=events.REASON_CHOICES, help_text="why, as far as the "
+                              "proxy knows; empty when it does not")
+    pid = models.IntegerField(null=True, blank=True, help_text="the process's pid, once spawned")
+    duration_ms = models.FloatField(null=True, blank=True,
+                                    help_text="what it took: see the kind's description")
+    # No foreign key: a request's row is written by another writer (and will live in a
+    # partitioned table), and an event may come before it.
+    request_id = models.UUIDField(null=True, blank=True,
+                                  help_text="the request that caused a load, when known")
+    detail = models.CharField(max_length=events.DETAIL_MAX, blank=True,
+                              help_text="an exit status, the model a swap made room for; never "
+                              "a command line or an environment")
+
+    class Meta:
+        db_table = "activity_modelevent"
+        ordering = ["-at"]
+        indexes = [
+            models.Index(fields=["model", "at"], name="activity_me_model_time"),
+            models.Index(fields=["kind", "at"], name="activity_me_kind_time"),
+            models.Index(fields=["at"], name="activity_me_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.model} {self.kind}"

@@ -17,6 +17,10 @@ writes them in batches on its own thread, so the database is never on a request'
   and dropped from every buffered row while the database is down.
 - `flush(timeout)` writes everything buffered (graceful shutdown); `close(timeout)` flushes and
   stops the task.
+- One class, two instances: `writer()` for the request log, `event_writer()` for the model
+  events (`activity.models.ModelEvent`, rows from `activity/events.py`): the same buffering,
+  batching and outage handling, each with its own buffer, so a flood of requests cannot push
+  out a crash's row.
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ def _configured_max_buffer() -> int:
 class ActivityWriter:
     def __init__(self, *, max_buffer: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  interval: float = DEFAULT_INTERVAL, using: str = "default",
-                 min_backoff: float = MIN_BACKOFF, max_backoff: float = MAX_BACKOFF) -> None:
+                 min_backoff: float = MIN_BACKOFF, max_backoff: float = MAX_BACKOFF,
+                 model: str = "RequestLog") -> None:
+        self.model_name = model  # a class of activity.models: the table this one fills
         self.max_buffer = max_buffer if max_buffer is not None else _configured_max_buffer()
         self.batch_size = max(batch_size, 1)
         self.interval = interval
@@ -299,21 +305,23 @@ class ActivityWriter:
 
     def _limits(self) -> dict[str, int]:
         if self._char_limits is None:
-            from activity.models import RequestLog
-
             self._char_limits = {
-                f.name: int(f.max_length or 0) for f in RequestLog._meta.concrete_fields
+                f.name: int(f.max_length or 0) for f in self._model()._meta.concrete_fields
                 if getattr(f, "max_length", None) and f.get_internal_type() == "CharField"}
         return self._char_limits
+
+    def _model(self) -> Any:
+        from activity import models
+
+        return getattr(models, self.model_name)
 
     def _statement(self, conn) -> tuple[str, list[tuple[str, Any]]]:
         """One INSERT of every column, prepared once: (sql, [(attname, field)])."""
         if self._sql is None:
-            from activity.models import RequestLog
-
-            fields = [f for f in RequestLog._meta.concrete_fields if not f.primary_key]
+            model = self._model()
+            fields = [f for f in model._meta.concrete_fields if not f.primary_key]
             columns = ", ".join(conn.ops.quote_name(f.column) for f in fields)
-            table = conn.ops.quote_name(RequestLog._meta.db_table)
+            table = conn.ops.quote_name(model._meta.db_table)
             self._sql = (f"INSERT INTO {table} ({columns}) "
                          f"VALUES ({', '.join(['%s'] * len(fields))})")
             self._copy_sql = f"COPY {table} ({columns}) FROM STDIN"
@@ -402,8 +410,8 @@ class ActivityWriter:
                         self._insert(conn, sql, [one])
                     except (DataError, IntegrityError) as exc:
                         rejected += 1
-                        logger.error("activity writer: the database refused a row (%s); "
-                                     "dropped request_id=%s", _one_line(exc),
+                        logger.error("activity writer: the database refused a %s row (%s); "
+                                     "dropped request_id=%s", self.model_name, _one_line(exc),
                                      row.get("request_id"))
             captures.store(kept, self.using)
             return rejected
@@ -470,6 +478,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 _writer: ActivityWriter | None = None
+_event_writer: ActivityWriter | None = None
 _writer_lock = threading.Lock()
 
 
@@ -480,3 +489,13 @@ def writer() -> ActivityWriter:
         if _writer is None:
             _writer = ActivityWriter()
         return _writer
+
+
+def event_writer() -> ActivityWriter:
+    """The process-wide writer of model events (`ModelEvent`): only the process that runs
+    the upstreams (the scheduler process under `serve --workers N`) starts it."""
+    global _event_writer
+    with _writer_lock:
+        if _event_writer is None:
+            _event_writer = ActivityWriter(model="ModelEvent")
+        return _event_writer
