@@ -15,13 +15,31 @@ Parity with llama-swap's activity log (reference notes §5.2):
 * Any other (JSON) response is accumulated up to a cap (8 MiB by default) and parsed at
   `finish`; past the cap the parser gives up and reports nothing.
 * Usage objects are read from ``usage``, ``response.usage`` (Responses API) and
-  ``message.usage`` (Anthropic ``message_start``). Names: ``prompt_tokens|input_tokens``,
-  ``completion_tokens|output_tokens``; cached tokens from ``cache_read_input_tokens``,
-  ``input_tokens_details.cached_tokens`` or ``prompt_tokens_details.cached_tokens``.
-* llama.cpp ``timings`` override usage: ``prompt_n``, ``predicted_n``, ``cache_n``,
-  ``prompt_per_second``, ``predicted_per_second``.
-* vLLM ``metrics``: prompt speed = prompt tokens / ``time_to_first_token_ms``, generation
-  speed = 1000 / ``mean_itl_ms``.
+  ``message.usage`` (Anthropic ``message_start``).
+
+Token counts have ONE meaning whatever the backend (issue 20; the table in docs/activity.md),
+unlike llama-swap, whose ``input_tokens`` is llama.cpp's uncached ``prompt_n`` but vLLM's
+cached-inclusive ``prompt_tokens``, so that a sum over models adds unlike things:
+
+* ``input_tokens``: every prompt token, cached ones included. OpenAI, vLLM and llama.cpp's
+  ``usage.prompt_tokens`` (and the Responses API's ``input_tokens``) already count them;
+  Anthropic's ``input_tokens`` leaves out ``cache_read_input_tokens`` and
+  ``cache_creation_input_tokens``, which are added; llama.cpp's ``timings`` (the native
+  ``/completion`` has no usage) give ``prompt_n`` (uncached) + ``cache_n``.
+* ``cached_tokens``: the part of ``input_tokens`` read from a prompt cache: llama.cpp's
+  ``timings.cache_n``, else ``prompt_tokens_details``/``input_tokens_details.cached_tokens``,
+  else Anthropic's ``cache_read_input_tokens``.
+* ``output_tokens``: ``completion_tokens|output_tokens``, else llama.cpp's ``predicted_n``.
+  A stream that ends with no count (the client left, the upstream died) gets the number of
+  ``data:`` events it relayed (``output_counted``): one per token for llama.cpp and vLLM, plus
+  the role and finish events of a chat stream, so an upper bound of the GPU work wasted.
+* ``draft_tokens``/``draft_accepted_tokens``: llama.cpp's ``timings.draft_n`` and
+  ``draft_n_accepted``, vLLM's ``metrics.speculative_decoding`` (``num_draft_tokens``,
+  ``num_accepted_draft_tokens``, with ``--per-request-spec-decode-metrics``); both or neither,
+  as llama-swap reads them, so an acceptance rate never comes from half an object.
+* Speeds: llama.cpp's ``prompt_per_second``/``predicted_per_second``, else vLLM's
+  ``metrics``: prompt speed = uncached prompt tokens / ``time_to_first_token_ms`` (as
+  llama-swap computes it), generation speed = 1000 / ``mean_itl_ms``.
 * A JSON array (llama.cpp ``/infill``) is read through its last element.
 
 The body must be the decoded bytes (no gzip). Malformed input never raises: unknown values
@@ -47,11 +65,24 @@ _MARKERS = (b'"usage"', b'"timings"', b'"metrics"')
 class Usage:
     """What a response said about itself; None means unknown."""
 
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
     cached_tokens: int | None = None
     prompt_tps: float | None = None
     generation_tps: float | None = None
+    draft_tokens: int | None = None
+    draft_accepted_tokens: int | None = None
+    #: output_tokens is the count of events relayed, not a number the upstream reported
+    output_counted: bool = False
+
+    # The columns' names before issue 20, kept as aliases (docs/activity.md).
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.input_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.output_tokens
 
 
 def _int(value: Any) -> int | None:
@@ -97,15 +128,20 @@ class UsageParser:
         self._u_prompt: int | None = None
         self._u_completion: int | None = None
         self._u_cached: int | None = None
-        # llama.cpp timings, which override the usage values
+        # Anthropic's cache counts, which its input_tokens leaves out
+        self._u_cache_read: int | None = None
+        self._u_cache_creation: int | None = None
+        # llama.cpp timings: counts where usage has none, and the speeds
         self._t_prompt: int | None = None
         self._t_completion: int | None = None
         self._t_cached: int | None = None
         self._t_prompt_tps: float | None = None
         self._t_generation_tps: float | None = None
+        self._draft: tuple[int, int] | None = None  # (drafted, accepted)
         # vLLM metrics
         self._m_ttft_ms: float | None = None
         self._m_generation_tps: float | None = None
+        self._events = 0  # SSE events with data relayed, [DONE] aside
         # SSE state: a held-back trailing "\r", the unterminated line, the current event
         self._cr = False
         self._line = b""
@@ -177,15 +213,23 @@ class UsageParser:
                     end = buf.rfind(b"\n\n")
                     rest = buf[end + 2:] if end >= 0 else buf
                     if len(rest) <= self._max:
+                        if end >= 0:
+                            self._count_skipped(buf, end + 2)
                         self._pending = rest
                         return
                 else:
                     first = min(at for at in map(buf.find, _MARKERS) if at >= 0)
                     end = buf.rfind(b"\n\n", 0, first)
                     if end >= 0:
+                        self._count_skipped(buf, end + 2)
                         buf = buf[end + 2:]
             chunk = buf
         self._parse_sse(chunk)
+
+    def _count_skipped(self, buf: bytes, end: int) -> None:
+        """Count the whole events in `buf[:end]`, which the fast path skips unparsed: one per
+        blank line (a comment-only event counts too: llama.cpp and vLLM send none)."""
+        self._events += buf.count(b"\n\n", 0, end) - buf.count(b"data: [DONE]", 0, end)
 
     def _parse_sse(self, chunk: bytes) -> None:
         """The line-by-line parser, from wherever the last chunk left it."""
@@ -249,6 +293,8 @@ class UsageParser:
         if not data:
             return
         payload = data[0] if len(data) == 1 else b"\n".join(data)
+        if payload != b"[DONE]":
+            self._events += 1
         if not (_MARKERS[0] in payload or _MARKERS[1] in payload or _MARKERS[2] in payload):
             return  # token chunks and [DONE] end here
         self._apply_document(payload)
@@ -284,16 +330,21 @@ class UsageParser:
         prompt = _first(usage.get("prompt_tokens"), usage.get("input_tokens"))
         completion = _first(usage.get("completion_tokens"), usage.get("output_tokens"))
         cached = _first(
-            usage.get("cache_read_input_tokens"),
             _sub(usage.get("input_tokens_details"), "cached_tokens"),
             _sub(usage.get("prompt_tokens_details"), "cached_tokens"),
         )
+        cache_read = _int(usage.get("cache_read_input_tokens"))
+        cache_creation = _int(usage.get("cache_creation_input_tokens"))
         if prompt is not None:
             self._u_prompt = prompt
         if completion is not None:
             self._u_completion = completion
         if cached is not None:
             self._u_cached = cached
+        if cache_read is not None:
+            self._u_cache_read = cache_read
+        if cache_creation is not None:
+            self._u_cache_creation = cache_creation
 
     def _apply_timings(self, timings: dict[str, Any]) -> None:
         prompt = _int(timings.get("prompt_n"))
@@ -311,6 +362,10 @@ class UsageParser:
             self._t_prompt_tps = prompt_tps
         if generation_tps is not None:
             self._t_generation_tps = generation_tps
+        drafted = _int(timings.get("draft_n"))
+        accepted = _int(timings.get("draft_n_accepted"))
+        if drafted is not None and accepted is not None:
+            self._draft = (drafted, accepted)
 
     def _apply_metrics(self, metrics: dict[str, Any]) -> None:
         ttft = _float(metrics.get("time_to_first_token_ms"))
@@ -319,21 +374,42 @@ class UsageParser:
         itl = _float(metrics.get("mean_itl_ms"))
         if itl is not None and itl > 0:
             self._m_generation_tps = 1000.0 / itl
+        spec = metrics.get("speculative_decoding")
+        if isinstance(spec, dict):
+            drafted = _int(spec.get("num_draft_tokens"))
+            accepted = _int(spec.get("num_accepted_draft_tokens"))
+            if drafted is not None and accepted is not None:
+                self._draft = (drafted, accepted)
 
     def _build(self) -> Usage:
-        def pick(override: Any, base: Any) -> Any:
-            return override if override is not None else base
+        def pick(first: Any, then: Any) -> Any:
+            return first if first is not None else then
 
-        prompt = pick(self._t_prompt, self._u_prompt)
+        # Usage first (what the client saw), the timings where it has none.
+        anthropic = self._u_cache_read is not None or self._u_cache_creation is not None
+        prompt = self._u_prompt
+        if prompt is not None and anthropic:  # its input_tokens excludes the cache's
+            prompt += (self._u_cache_read or 0) + (self._u_cache_creation or 0)
+        if prompt is None and self._t_prompt is not None:  # prompt_n is the uncached part
+            prompt = self._t_prompt + (self._t_cached or 0)
+        cached = pick(self._t_cached, pick(self._u_cached, self._u_cache_read))
+        output = pick(self._u_completion, self._t_completion)
+        counted = output is None and self._sse and self._events > 0
+        if counted:
+            output = self._events
         prompt_tps = self._t_prompt_tps
         if prompt_tps is None and self._m_ttft_ms is not None and prompt is not None:
-            prompt_tps = prompt * 1000.0 / self._m_ttft_ms
+            prompt_tps = max(prompt - (cached or 0), 0) * 1000.0 / self._m_ttft_ms
+        draft = self._draft
         return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=pick(self._t_completion, self._u_completion),
-            cached_tokens=pick(self._t_cached, self._u_cached),
+            input_tokens=prompt,
+            output_tokens=output,
+            cached_tokens=cached,
             prompt_tps=prompt_tps,
             generation_tps=pick(self._t_generation_tps, self._m_generation_tps),
+            draft_tokens=draft[0] if draft else None,
+            draft_accepted_tokens=draft[1] if draft else None,
+            output_counted=counted,
         )
 
 

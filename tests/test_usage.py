@@ -94,7 +94,8 @@ ANTHROPIC_STREAM = (
     b"event: message_stop\n"
     b'data: {"type":"message_stop"}\n\n'
 )
-ANTHROPIC_EXPECTED = Usage(25, 42, 10, None, None)
+# Anthropic's input_tokens leaves the cache out: 25 + 10 read + 0 written
+ANTHROPIC_EXPECTED = Usage(35, 42, 10, None, None)
 
 RESPONSES_STREAM = (
     b"event: response.created\n"
@@ -241,17 +242,18 @@ def test_sse_last_event_without_blank_line_is_still_read() -> None:
 # ---------------------------------------------------------------- llama.cpp
 
 
-def test_llamacpp_timings_override_usage() -> None:
-    # usage says 40 prompt tokens, timings say 16 evaluated + 24 from the cache: timings win
-    assert feed_all(SSE, bytewise(LLAMACPP_STREAM)) == Usage(16, 9, 24, 1280.0, 60.0)
+def test_llamacpp_input_tokens_include_the_cached_ones() -> None:
+    # usage says 40 prompt tokens (what the client saw), timings 16 evaluated + 24 from the
+    # cache: the row has 40 input tokens, 24 of them cached (issue 20: it had 16 before)
+    assert feed_all(SSE, bytewise(LLAMACPP_STREAM)) == Usage(40, 9, 24, 1280.0, 60.0)
 
 
-def test_llamacpp_timings_override_even_if_usage_comes_later() -> None:
+def test_llamacpp_usage_counts_win_over_timings_in_any_order() -> None:
     body = (
         b'data: {"timings":{"prompt_n":3,"predicted_n":4,"prompt_per_second":30.5}}\n\n'
         b'data: {"usage":{"prompt_tokens":99,"completion_tokens":98}}\n\n'
     )
-    assert feed_all(SSE, [body]) == Usage(3, 4, None, 30.5, None)
+    assert feed_all(SSE, [body]) == Usage(99, 98, None, 30.5, None)
 
 
 def test_llamacpp_non_streaming_json() -> None:
@@ -268,7 +270,8 @@ def test_llamacpp_non_streaming_json() -> None:
             },
         }
     ).encode()
-    assert parse_body("application/json; charset=utf-8", body) == Usage(36, 20, 64, 900.25, 42.5)
+    assert parse_body("application/json; charset=utf-8", body) == Usage(100, 20, 64, 900.25,
+                                                                          42.5)
 
 
 def test_infill_array_uses_last_element() -> None:
@@ -288,7 +291,8 @@ def test_infill_array_uses_last_element() -> None:
             },
         ]
     ).encode()
-    assert feed_all(JSON, bytewise(body)) == Usage(50, 7, 3, 500.0, 70.0)
+    # no usage in /infill: prompt_n (uncached) + cache_n
+    assert feed_all(JSON, bytewise(body)) == Usage(53, 7, 3, 500.0, 70.0)
 
 
 # ---------------------------------------------------------------- real fakellm bytes
@@ -366,7 +370,9 @@ def test_fakellm_truncated_stream_has_no_usage(fakellm: str) -> None:
     )
     whole = b"".join(chunks)
     cut = whole.index(b'"timings"') + 20  # the stream dies inside the final event
-    assert feed_all(ctype, [whole[:cut]]) == NONE
+    # no count reported: the output is the data events relayed, the cut one included
+    assert feed_all(ctype, [whole[:cut]]) == Usage(
+        output_tokens=whole[:cut].count(b"data: "), output_counted=True)
 
 
 def test_fakellm_embeddings_json(fakellm: str) -> None:
@@ -405,7 +411,7 @@ def test_anthropic_stream() -> None:
 
 def test_anthropic_truncated_after_message_start_keeps_input_tokens() -> None:
     cut = ANTHROPIC_STREAM.index(b"event: message_delta") + 40
-    assert feed_all(SSE, [ANTHROPIC_STREAM[:cut]]) == Usage(25, 1, 10, None, None)
+    assert feed_all(SSE, [ANTHROPIC_STREAM[:cut]]) == Usage(35, 1, 10, None, None)
 
 
 def test_anthropic_json() -> None:
@@ -414,7 +420,7 @@ def test_anthropic_json() -> None:
         b'"text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":14,'
         b'"cache_read_input_tokens":2,"output_tokens":6}}'
     )
-    assert parse_body(JSON, body) == Usage(14, 6, 2, None, None)
+    assert parse_body(JSON, body) == Usage(16, 6, 2, None, None)  # 14 + 2 read from the cache
 
 
 def test_vllm_metrics() -> None:
@@ -469,25 +475,31 @@ def test_malformed_json_gives_none(body: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "events"),
     [
-        b"data: {\n\n",
-        b'data: {"usage": {"prompt_tokens": 4\n\n',
-        b'data: {"usage": nope}\n\ndata: [DONE]\n\n',
-        b'data: ["usage"]\n\n',
-        b'event: x\nid: 1\n: "usage"\n\n',
-        b'usage: {"usage": {"prompt_tokens": 4}}\n\n',
-        b"\x00\xff\r\r\n\n\r",
-        b"data: " + b"[" * 100_000 + b' "usage"\n\n',
+        (b"data: {\n\n", 1),
+        (b'data: {"usage": {"prompt_tokens": 4\n\n', 1),
+        (b'data: {"usage": nope}\n\ndata: [DONE]\n\n', 1),
+        (b'data: ["usage"]\n\n', 1),
+        (b'event: x\nid: 1\n: "usage"\n\n', 0),
+        (b'usage: {"usage": {"prompt_tokens": 4}}\n\n', 0),
+        (b"\x00\xff\r\r\n\n\r", 0),
+        (b"data: " + b"[" * 100_000 + b' "usage"\n\n', 1),
     ],
 )
-def test_malformed_sse_gives_none(body: bytes) -> None:
-    assert feed_all(SSE, [body]) == NONE
+def test_malformed_sse_gives_no_usage(body: bytes, events: int) -> None:
+    """Nothing read; only the data events relayed are counted, as output of a stream that
+    reported none."""
+    expected = Usage(output_tokens=events, output_counted=True) if events else NONE
+    assert feed_all(SSE, [body]) == expected
 
 
-def test_truncated_openai_stream_gives_none() -> None:
+def test_truncated_openai_stream_counts_the_events_relayed() -> None:
+    """Cut before its usage (the client left): role, Hello, world, finish and the cut usage
+    event were relayed, so 5 output tokens counted, none reported."""
     cut = OPENAI_STREAM.index(b'"completion_tokens"')
-    assert feed_all(SSE, bytewise(OPENAI_STREAM[:cut])) == NONE
+    assert feed_all(SSE, bytewise(OPENAI_STREAM[:cut])) == Usage(output_tokens=5,
+                                                                  output_counted=True)
 
 
 def test_empty_response() -> None:
@@ -527,7 +539,7 @@ def test_oversized_sse_event_is_skipped_and_later_events_still_count() -> None:
 def test_usage_is_frozen_and_defaults_to_none() -> None:
     assert Usage() == NONE
     with pytest.raises(dataclasses.FrozenInstanceError):
-        NONE.prompt_tokens = 1  # type: ignore[misc]
+        NONE.input_tokens = 1  # type: ignore[misc]
 
 
 def test_finish_is_idempotent_and_later_feeds_are_ignored() -> None:
