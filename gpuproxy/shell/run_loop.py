@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from activity import events as mev
 from gpuproxy.observe import metrics, published
 from gpuproxy.shell.upstreams import Upstreams
 from gpuproxy.upstream.processes import StartFailed, State, UpstreamProcess
@@ -120,6 +121,7 @@ class RunLoop:
         self._make_scheduler = make_scheduler
         self._swap_times: dict[str, tuple[float, float]] = {}  # model -> last load (start, end)
         self._unloads: dict[str, int] = {}  # model -> unloads decided so far (see `_swap`)
+        self._restarts_asked: set[str] = set()  # restarts an operator asked (the others: config)
         self._swaps: dict[str, asyncio.Task[None]] = {}  # model -> its load in progress
         self.scheduler = make_scheduler(config, self, None)
         # Test hook: when set, every processed event is put here after its handler ran.
@@ -324,6 +326,7 @@ class RunLoop:
 
     def restart(self, models: Iterable[str]) -> None:
         """Restart these models once each is idle (work in flight is never cut off)."""
+        self._restarts_asked.update(models)
         self.post(RestartRequested(tuple(models), self.now()))
 
     def settings_changed(self, config: SchedulerConfig) -> None:
@@ -339,6 +342,13 @@ class RunLoop:
         return self.upstreams.running_ids()
 
     def start_swap(self, model: str, evict: list[str]) -> None:
+        for m in evict:  # why they stop, for their model events
+            if m == model:
+                asked = m in self._restarts_asked
+                self._restarts_asked.discard(m)
+                self.upstreams.restarting(m, mev.ADMIN if asked else mev.CONFIG)
+            else:
+                self.upstreams.cause(m, mev.SWAP, f"for {model}")
         task = self._spawn(self._swap(model, evict, self._unloads.get(model, 0)),
                            f"swap:{model}")
         self._swaps[model] = task
@@ -411,6 +421,9 @@ class RunLoop:
         loads = [t for m in models if (t := self._swaps.get(m)) is not None and not t.done()]
         try:
             procs = [p for m in models if (p := self.upstreams.existing(m)) is not None]
+            for p in procs:  # an unload an operator asked, or a definition gone
+                self.upstreams.cause(p.spec.model_id,
+                                     mev.ADMIN if handle is not None else mev.CONFIG)
             by_timeout: dict[float, list[UpstreamProcess]] = {}
             for p in procs:  # smallest unload timeout first, llama-swap's order
                 by_timeout.setdefault(p.spec.unload_timeout, []).append(p)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from django.db import OperationalError, close_old_connections
 
+from activity.writer import event_writer
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, published
 from gpuproxy.observe.history import HISTORY
@@ -310,9 +311,10 @@ class Runtime:
         await self.upstreams.shutdown()
         await relay.close()
         # Every request has been answered by now: write their records before exiting.
-        if not await activity_writer().close(timeout=10.0):
-            logger.error("activity writer: %d rows could not be written before exit",
-                         activity_writer().buffered)
+        for rows, w in (("activity", activity_writer()), ("model event", event_writer())):
+            if not await w.close(timeout=10.0):
+                logger.error("%s writer: %d rows could not be written before exit", rows,
+                             w.buffered)
 
 
 _runtime: Runtime | None = None
@@ -344,6 +346,8 @@ async def get() -> Runtime:
     _starting = loop.create_future()
     try:
         upstreams = Upstreams(_load_catalog, records=upstream_records())
+        upstreams.on_event = event_writer().submit  # only this process runs upstreams
+        event_writer().start()
         catalog, _ = await upstreams.refresh()
         run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()

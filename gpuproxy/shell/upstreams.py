@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from activity import events
 from gpuproxy.observe import metrics
 from gpuproxy.upstream.logbuffer import registry as log_registry
 from gpuproxy.upstream.orphans import ProcessRecords
@@ -34,6 +35,13 @@ class Upstreams:
         self.on_exit: Callable[[str], None] | None = None
         # Called after any process changed state (the hub tells the request processes).
         self.on_state: list[Callable[[], None]] = []
+        # Given each model event's row (`activity.events.row`); the runtime sets it to the
+        # events writer's O(1) submit. Why a stop or a load was asked is the run loop's to
+        # say (`cause`); the process only knows what happened.
+        self.on_event: Callable[[dict[str, Any]], None] | None = None
+        self._stop_cause: dict[str, tuple[str, str]] = {}  # model -> (reason, detail)
+        self._load_cause: dict[str, tuple[str, str]] = {}
+        self._run_cause: dict[str, tuple[str, str]] = {}  # the cause of the run now started
 
     async def refresh(self) -> tuple[Catalog, list[str]]:
         """Re-read the definitions. Returns the catalog and the models that were removed
@@ -55,8 +63,39 @@ class Upstreams:
             spec = self.catalog.models[model_id].spec
             proc = self._processes[model_id] = UpstreamProcess(
                 spec, log_registry.get(model_id), on_state=self._state_changed,
-                records=self._records, on_exit=self._exited)
+                records=self._records, on_exit=self._exited, on_event=self._event)
         return proc
+
+    def cause(self, model_id: str, reason: str, detail: str = "", *, load: bool = False
+              ) -> None:
+        """Why the next stop (or, with `load`, the next start) of `model_id` happens: an
+        `activity.events` reason, kept for the events it brings."""
+        (self._load_cause if load else self._stop_cause)[model_id] = (reason, detail)
+
+    def _event(self, model_id: str, kind: str, pid: int | None, seconds: float | None,
+               detail: str) -> None:
+        if kind == events.IDLE_UNLOAD:
+            reason, why = events.TTL, ""
+        elif kind == events.CRASH:
+            reason, why = events.CRASHED, ""
+        elif kind == events.UNLOAD:
+            reason, why = self._stop_cause.pop(model_id, ("", ""))
+        elif kind == events.LOAD:
+            reason, why = self._run_cause[model_id] = self._load_cause.pop(
+                model_id, (events.REQUEST, ""))
+        else:  # ready, start_failed: the cause of the start (one that never spawned has none)
+            cause = self._run_cause.pop(model_id, None)
+            reason, why = cause or self._load_cause.pop(model_id, (events.REQUEST, ""))
+        if self.on_event is not None:
+            self.on_event(events.row(model_id, kind, pid=pid, seconds=seconds, reason=reason,
+                                     detail="; ".join(t for t in (detail, why) if t)))
+
+    def restarting(self, model_id: str, reason: str) -> None:
+        """A restart begins: its own event, then the stop and the start carry its reason."""
+        self.cause(model_id, reason, "restart")
+        self.cause(model_id, reason, "restart", load=True)
+        if self.on_event is not None:
+            self.on_event(events.row(model_id, events.RESTART, reason=reason))
 
     def _state_changed(self, model_id: str, state: State) -> None:
         metrics.model_state_changed(model_id, state.value)
@@ -95,4 +134,6 @@ class Upstreams:
         live = self.running_ids()  # a process object for a model that is stopped is no upstream
         if live:
             logger.info("shutting down: stopping %d upstream(s): %s", len(live), ", ".join(live))
+        for model_id in live:
+            self.cause(model_id, events.SHUTDOWN)
         await asyncio.gather(*(p.close() for p in procs), return_exceptions=True)

@@ -15,6 +15,7 @@ import secrets
 import shlex
 from collections.abc import Iterable
 
+from activity import events
 from gpuproxy.upstream.messages import KillDue, TtlDue, fail_all, resolve_all
 from gpuproxy.upstream.orphans import RUN_MARK, command_of, pdeathsig_argv, start_time
 from gpuproxy.upstream.process_group import (
@@ -107,6 +108,7 @@ class Lifecycle(RunHelpers):
             self._records.add(spec.model_id, proc.pid, cmd, mark)
         logger.info('model "%s" starting: pid %d, proxy %s, cmd %s', spec.model_id, proc.pid,
                     spec.proxy, shown)
+        self._report(events.LOAD, proc.pid, None)
         run.reader = self._spawn(self._pump_output(run), f"upstream {spec.model_id} output")
         run.watcher = self._spawn(self._watch_exit(run), f"upstream {spec.model_id} exit")
         url = spec.health_url()
@@ -136,6 +138,7 @@ class Lifecycle(RunHelpers):
         assert self._started_at is not None
         logger.info('model "%s" ready in %.2f s at %s (pid %d)', self._model_id,
                     now - self._started_at, run.spec.proxy, run.pid)
+        self._report(events.READY, run.pid, now - self._started_at)
         self._members(run)  # recorded now, so a crash of the proxy reaches them too
         resolve_all(self._waiters)
         self._waiters = []
@@ -152,7 +155,10 @@ class Lifecycle(RunHelpers):
                        self._model_id, run.pid, run.spec.health_check_timeout, last_probe)
         self._begin_stop(run, FAILED_START_GRACE, why="after a failed start")
 
-    def _fail_start(self, error: StartFailed) -> None:
+    def _fail_start(self, error: StartFailed, pid: int | None = None) -> None:
+        took = None if self._started_at is None else self._now() - self._started_at
+        code = "" if error.exit_code is None else f", {describe_exit(error.exit_code)}"
+        self._report(events.START_FAILED, pid, took, f"{error.reason}{code}")
         self._last_error = error
         self._set_state(State.FAILED)
         logger.error("%s", error)
@@ -276,6 +282,8 @@ class Lifecycle(RunHelpers):
                            "on the next request", self._model_id, run.pid, run.spec.proxy,
                            describe_exit(code),
                            f" (last output: {clip(last[0], 300)})" if last else "")
+            up = None if self._ready_at is None else self._now() - self._ready_at
+            self._report(events.CRASH, run.pid, up, describe_exit(code))
             self._set_state(State.STOPPED)
         elif previous is State.STARTING:
             run.start_failure = "exited"
@@ -299,14 +307,16 @@ class Lifecycle(RunHelpers):
                 timer.cancel()
         previous = self._state
         if run.start_failure == "exited":
-            self._fail_start(self._start_error(run, "exited", code))
+            self._fail_start(self._start_error(run, "exited", code), run.pid)
         elif previous is State.STOPPING:
             took = self._now() - (run.stop_began or self._now())
             logger.info('model "%s" stopped (pid %d, exit %s) in %.2f s', self._model_id,
                         run.pid, describe_exit(code), took)
             if run.start_failure == "timeout":
-                self._fail_start(self._start_error(run, "timeout", code))
+                self._fail_start(self._start_error(run, "timeout", code), run.pid)
             else:
+                self._report(events.IDLE_UNLOAD if run.idle_stop else events.UNLOAD, run.pid,
+                             took, describe_exit(code))
                 if run.start_failure is not None:
                     fail_all(self._waiters, self._start_error(run, "aborted", code))
                     self._waiters = []
@@ -355,4 +365,5 @@ class Lifecycle(RunHelpers):
             return
         logger.info('model "%s" (pid %d) idle for %.1f s (ttl %g s); unloading', self._model_id,
                     run.pid, now - (due - run.spec.ttl), run.spec.ttl)
+        run.idle_stop = True
         self._begin_stop(run, run.spec.unload_timeout, why="after its ttl")

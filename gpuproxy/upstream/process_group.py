@@ -101,6 +101,7 @@ class Run:
     start_failure: str | None = None
     health_detail: str = ""
     stop_began: float | None = None
+    idle_stop: bool = False  # the stop was its ttl's (the exit is an idle unload)
     leader_gone: bool = False  # the leader exited (or was given up on); members may remain
     members: dict[int, str] = field(default_factory=dict)  # every member seen: pid -> start
     left_at_exit: list[str] = field(default_factory=list)  # members alive when it exited

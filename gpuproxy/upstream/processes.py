@@ -66,7 +66,8 @@ class UpstreamProcess(Lifecycle):
     """One upstream server process, started on demand and stopped on request or when idle.
 
     Bound to the event loop it is first used on; its owner task starts lazily there. Built
-    as `UpstreamProcess(spec, log=None, on_state=None, records=None, on_exit=None)`
+    as `UpstreamProcess(spec, log=None, on_state=None, records=None, on_exit=None,
+    on_event=None)`
     (`RunHelpers.__init__`).
     """
 

@@ -48,6 +48,9 @@ from scheduling.spec import UpstreamSpec, split_command, upstream_env
 # what operators (and the tests) filter on.
 logger = logging.getLogger("gpuproxy.upstream.processes")
 
+#: on_event's signature: (model, kind, pid, seconds, detail); kinds are `activity.events`'.
+EventSink = Callable[[str, str, int | None, float | None, str], None]
+
 
 class RunHelpers:
     """`UpstreamProcess`'s fields and side effects (see the module's docstring); not used on
@@ -56,7 +59,8 @@ class RunHelpers:
     def __init__(self, spec: UpstreamSpec, log: LogBuffer | None = None,
                  on_state: Callable[[str, State], None] | None = None,
                  records: ProcessRecords | None = None,
-                 on_exit: Callable[[str], None] | None = None) -> None:
+                 on_exit: Callable[[str], None] | None = None,
+                 on_event: EventSink | None = None) -> None:
         self._model_id = spec.model_id
         self._spec = spec  # written by update_spec; read by the owner at the next start
         self._log = log if log is not None else registry.get(spec.model_id)
@@ -64,6 +68,9 @@ class RunHelpers:
         # Told the moment a leader exits, for whatever reason, before the owner has handled
         # it: the scheduler must not hand out a model whose process is gone.
         self._on_exit = on_exit
+        # Told each model event (`activity.events` kinds) as plain data, for the events table:
+        # (model, kind, pid, seconds, detail). The shell adds the reason and writes the row.
+        self._on_event = on_event
         self._records = records  # process groups on disk, for the sweep after a crash
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Message] | None = None
@@ -94,6 +101,15 @@ class RunHelpers:
     def _post(self, message: Message) -> None:
         assert self._queue is not None
         self._queue.put_nowait(message)
+
+    def _report(self, kind: str, pid: int | None, seconds: float | None,
+                detail: str = "") -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(self._model_id, kind, pid, seconds, detail)
+        except Exception:  # a record must never break the lifecycle
+            logger.exception('model "%s": on_event callback failed', self._model_id)
 
     def _now(self) -> float:
         assert self._loop is not None
