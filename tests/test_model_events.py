@@ -246,3 +246,37 @@ async def test_events_reach_the_table_and_an_outage_loses_none(
         ("load", "request"), ("ready", "request"), ("unload", "admin"), ("load", "request"),
         ("ready", "request"), ("unload", "shutdown")]
     assert [r["pid"] for r in rows] == [r["pid"] for r in sink.rows]
+
+
+# ---- the admin list ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.postgres
+def test_the_admin_lists_events_read_only_filtered_by_model_and_kind(admin_client) -> None:
+    import datetime as dt
+
+    from django.urls import reverse
+
+    from activity.models import ModelEvent
+
+    t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    ModelEvent.objects.bulk_create(
+        ModelEvent(model=m, kind=k, reason=events.REQUEST, at=t0 + dt.timedelta(seconds=i))
+        for i, (m, k) in enumerate([("a", "load"), ("a", "ready"), ("b", "load"),
+                                    ("b", "crash")]))
+    url = reverse("admin:activity_modelevent_changelist")
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    filters = {spec.title: [c["display"] for c in spec.choices(page.context["cl"])]
+               for spec in page.context["cl"].filter_specs}
+    assert filters["model"] == ["All", "a", "b"]  # from the index, not a DISTINCT scan
+    picked = admin_client.get(url, {"model": "b", "kind__exact": "load"}).context["cl"]
+    assert [(e.model, e.kind) for e in picked.result_list] == [("b", "load")]
+    newest = admin_client.get(url).context["cl"].result_list
+    assert [e.kind for e in newest] == ["crash", "load", "ready", "load"]
+    first = ModelEvent.objects.order_by("id").first()
+    assert first is not None
+    detail = admin_client.get(reverse("admin:activity_modelevent_change", args=[first.pk]))
+    assert detail.status_code == 200 and b'name="_save"' not in detail.content
+    assert admin_client.get(reverse("admin:activity_modelevent_add")).status_code == 403
