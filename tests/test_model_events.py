@@ -280,3 +280,40 @@ def test_the_admin_lists_events_read_only_filtered_by_model_and_kind(admin_clien
     detail = admin_client.get(reverse("admin:activity_modelevent_change", args=[first.pk]))
     assert detail.status_code == 200 and b'name="_save"' not in detail.content
     assert admin_client.get(reverse("admin:activity_modelevent_add")).status_code == 403
+
+
+# ---- under serve: written by the process that runs the upstreams ---------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres
+def test_serve_writes_the_events_of_a_load_an_api_unload_and_the_exit(serve) -> None:
+    """With `--workers N` the request processes run no upstream: the scheduler process
+    writes the events (and its exit writes the last ones)."""
+    from activity.models import ModelEvent
+    from tests.conftest import FAKE
+    from tests.helpers import until
+
+    proxy = serve(f"""
+    startPort: {free_port()}
+    models:
+      solo:
+        cmd: {FAKE}
+    """)
+    body = {"model": "solo", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    assert proxy.http.post("/v1/chat/completions", json=body).status_code == 200
+    assert proxy.http.post("/api/models/unload/solo").status_code == 200
+    assert proxy.http.post("/v1/chat/completions", json=body).status_code == 200
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert proxy.proc.wait(30) == 0
+
+    def seen() -> list[tuple[str, str]]:
+        return [(e.kind, e.reason) for e in ModelEvent.objects.filter(model="solo")
+                .order_by("id")]
+
+    until("the events are written", lambda: len(seen()) == 6, within=10)
+    assert seen() == [("load", "request"), ("ready", "request"), ("unload", "admin"),
+                      ("load", "request"), ("ready", "request"), ("unload", "shutdown")]
+    pids = list(ModelEvent.objects.filter(model="solo").order_by("id")
+                .values_list("pid", flat=True))
+    assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5]
