@@ -26,6 +26,9 @@ GPUPROXY_SHUTDOWN_GRACE_SECONDS on SIGTERM/SIGINT, how long requests in flight m
 GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-database lock's own connection is
                     checked, and the lock re-taken after a database outage (default 1); the
                     same check makes /health say `degraded` while the database is unreachable
+GPUPROXY_TRUSTED_PROXIES reverse proxies (IPs and CIDR networks, comma-separated) whose
+                    X-Forwarded-For/Forwarded headers name the client in the activity log
+                    (gpuproxy/proxy/client_ip.py); none by default: the TCP peer is the client
 """
 
 from __future__ import annotations
@@ -74,6 +77,17 @@ def env_float(name: str, default: str, *, minimum: float = 0.0) -> float:
 
 def env_list(name: str) -> list[str]:
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def env_networks(name: str) -> tuple:
+    """IP addresses and CIDR networks, comma-separated; a bad one stops the start."""
+    from gpuproxy.proxy.client_ip import parse_trusted
+
+    value = os.environ.get(name, "")
+    try:
+        return parse_trusted(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={value!r}: {exc}") from None
 
 
 def sqlite_database(path: Path | str) -> dict:
@@ -150,6 +164,8 @@ DEBUG = env_bool("GPUPROXY_DEBUG")
 ALLOWED_HOSTS = ["*"]
 GPUPROXY_ALLOWED_HOSTS = [h.lower() for h in env_list("GPUPROXY_ALLOWED_HOSTS")]
 GPUPROXY_CORS_ORIGINS = env_list("GPUPROXY_CORS_ORIGINS")
+# Peers whose forwarding headers are believed (the activity row's client_ip).
+GPUPROXY_TRUSTED_PROXIES = env_networks("GPUPROXY_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "daphne",

@@ -116,7 +116,9 @@ def test_every_outcome_is_recorded(serve):
     # the public start failure: what happened, never the upstream's output (the log has it)
     assert "failed to start" in rows[4].error and "the proxy's log has the details" in rows[4].error
     assert "simulated start failure" not in rows[4].error
-    assert rows[8].completion_tokens is None  # it never finished
+    # it never finished: no usage, the output is what was relayed before the client left
+    assert rows[8].output_tokens_counted and rows[8].output_tokens >= 1
+    assert rows[8].completion_tokens == rows[8].output_tokens and rows[8].input_tokens is None
 
 
 @pytest.mark.postgres  # the analysts' SQL (percentile_cont) is PostgreSQL's

@@ -7,8 +7,11 @@ keep working (`docs/activity.md`, "llama-swap's activity API"):
 - `/ui`, `/ui/…` and `GET /upstream`: redirects to our dashboard, where llama-swap serves its
   own UI (a bookmark of `/ui/#/models` keeps its fragment across the redirect).
 
-Where llama-swap has a number we do not know (a NULL column, a draft count we never record),
-we send its sentinel for "unknown", -1, so its UI and scripts read it the same way.
+Where llama-swap has a number we do not know (a NULL column: a draft count not reported), we
+send its sentinel for "unknown", -1, so its UI and scripts read it the same way. The `tokens`
+come from the columns that mean the same on every backend (issue 20): `input_tokens` counts
+the cached ones too, where llama-swap's is llama.cpp's uncached `prompt_n` (docs/activity.md);
+a row written before those columns existed shows its `prompt_tokens`/`completion_tokens`.
 
 The table holds millions of rows (llama-swap's holds at most a thousand in memory): `total`
 counts at most COUNT_CAP matching rows (the admin's paginator, one owner of that rule), and an
@@ -45,7 +48,7 @@ MAX_LIMIT = 999
 UNKNOWN = -1  # llama-swap's "not reported"
 
 #: llama-swap's sort keys (its UI's column ids) -> our column. `resp_content_type` sorts by
-#: `stream`, the column it is derived from; `drafted` by id (we record no drafts: all -1).
+#: `stream`, the column it is derived from.
 SORT_COLUMNS = {
     "id": "id",
     "time": "received_at",
@@ -54,9 +57,9 @@ SORT_COLUMNS = {
     "resp_status_code": "status_code",
     "resp_content_type": "stream",
     "cached": "cached_tokens",
-    "prompt": "prompt_tokens",
+    "prompt": "prompt_tokens",  # input_tokens' alias, set on rows older than it too
     "generated": "completion_tokens",
-    "drafted": "id",
+    "drafted": "draft_tokens",
     "prompt_speed": "prompt_tps",
     "gen_speed": "generation_tps",
     "duration": "duration_ms",
@@ -64,8 +67,9 @@ SORT_COLUMNS = {
 
 _ROW_FIELDS = ("id", "request_id", "received_at", "model", "model_requested", "path",
                "status_code", "outcome", "stream", "priority", "band", "scheduler",
-               "queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms", "prompt_tokens",
-               "completion_tokens", "cached_tokens", "prompt_tps", "generation_tps", "error")
+               "queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms", "input_tokens",
+               "output_tokens", "prompt_tokens", "completion_tokens", "cached_tokens",
+               "draft_tokens", "draft_accepted_tokens", "prompt_tps", "generation_tps", "error")
 
 # Go's time.RFC3339 as time.Parse reads it: a zone is required, fractional seconds allowed.
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
@@ -203,6 +207,11 @@ def _timestamp(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _either(value: Any, older: Any) -> Any:
+    """A token column, else its alias (rows written before migration 0006 have only that)."""
+    return value if value is not None else older
+
+
 def llamaswap_row(row: dict[str, Any], captured: AbstractSet[Any] = frozenset()
                   ) -> dict[str, Any]:
     """One of our rows as llama-swap's `ActivityLogEntry`. What llama-swap has no field for
@@ -220,10 +229,10 @@ def llamaswap_row(row: dict[str, Any], captured: AbstractSet[Any] = frozenset()
         "resp_status_code": _number(status),
         "tokens": {
             "cache_tokens": _number(row["cached_tokens"]),
-            "draft_tokens": UNKNOWN,
-            "draft_acc_tokens": UNKNOWN,
-            "input_tokens": _number(row["prompt_tokens"]),
-            "output_tokens": _number(row["completion_tokens"]),
+            "draft_tokens": _number(row["draft_tokens"]),
+            "draft_acc_tokens": _number(row["draft_accepted_tokens"]),
+            "input_tokens": _number(_either(row["input_tokens"], row["prompt_tokens"])),
+            "output_tokens": _number(_either(row["output_tokens"], row["completion_tokens"])),
             "prompt_per_second": _number(row["prompt_tps"]),
             "tokens_per_second": _number(row["generation_tps"]),
         },

@@ -29,6 +29,7 @@ from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, metrics
 from gpuproxy.proxy import peers, urgency
 from gpuproxy.proxy.auth import KeyRefusal, authorize, credential_drop
+from gpuproxy.proxy.client_ip import client_ip
 from gpuproxy.proxy.errors import error_body, for_path
 from gpuproxy.proxy.exchange import CLIENT_CLOSED, JSON, UpstreamExchange
 from gpuproxy.proxy.exposure import SCOPE_KEY, proxy_path_needs_admin
@@ -205,8 +206,7 @@ class ProxyConsumer(UpstreamExchange):
         await self.send_body(b"")
 
     def start_record(self) -> None:
-        client = self.scope.get("client") or ("", 0)
-        self.rec = RequestRecord(self.scope["method"], self.scope["path"], client[0] or "",
+        self.rec = RequestRecord(self.scope["method"], self.scope["path"], client_ip(self.scope),
                                  self.headers.get(b"user-agent", b"").decode("latin-1"))
         self._log = True
 
@@ -335,8 +335,7 @@ class ProxyConsumer(UpstreamExchange):
                                              "invalid_content_type"))
             return
         self._streams = parsed.stream
-        self.rec.model_requested = parsed.model
-        self.rec.stream = parsed.stream
+        self.rec.note_request(parsed.model, parsed.stream, parsed.json_body, self.headers)
         catalog = self.rt.catalog
         route = catalog.route(parsed.model)
         priority = self.priority(parsed.json_body)
