@@ -10,6 +10,7 @@ off the event loop like a request's row.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 # kinds: what happened to the model's process
@@ -76,6 +77,14 @@ def row(model: str, kind: str, *, pid: int | None = None, seconds: float | None 
         "reason": reason,
         "pid": pid,
         "duration_ms": None if seconds is None else round(seconds * 1000.0, 3),
-        "request_id": request_id,
+        "request_id": _uuid(request_id),
         "detail": detail[:DETAIL_MAX],
     }
+
+
+def _uuid(value: str | None) -> uuid.UUID | None:
+    """A request id as the column takes it; anything else is no id (never a rejected row)."""
+    try:
+        return uuid.UUID(value) if value else None
+    except ValueError:
+        return None

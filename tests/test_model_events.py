@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -92,11 +93,15 @@ async def test_a_swap_names_the_model_it_made_room_for(port: int, sink: Sink) ->
     async with running(catalog) as loop:
         loop.upstreams.on_event = sink
         (await asyncio.wait_for(loop.acquire("a"), DEADLINE)).release()
-        (await asyncio.wait_for(loop.acquire("b"), DEADLINE)).release()
+        rid = uuid.uuid4()
+        (await asyncio.wait_for(loop.acquire("b", request_id=str(rid)), DEADLINE)).release()
         evicted = await sink.wait("a", events.UNLOAD)
-        await sink.wait("b", events.READY)
+        ready = await sink.wait("b", events.READY)
     assert (evicted["reason"], evicted["detail"].split("; ")[-1]) == ("swap", "for b")
     assert sink.kinds("b")[:2] == [("load", "request"), ("ready", "request")]
+    # the load names the request it was for; a's first load was for a request without an id
+    assert (await sink.wait("b", events.LOAD))["request_id"] == ready["request_id"] == rid
+    assert (await sink.wait("a", events.LOAD))["request_id"] is None
     # the proxy's exit stops b: its unload says so
     assert (await sink.wait("b", events.UNLOAD))["reason"] == "shutdown"
 
@@ -317,3 +322,12 @@ def test_serve_writes_the_events_of_a_load_an_api_unload_and_the_exit(serve) -> 
     pids = list(ModelEvent.objects.filter(model="solo").order_by("id")
                 .values_list("pid", flat=True))
     assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5]
+    # each load names the request that caused it: its activity row's id (across processes)
+    from activity.models import RequestLog
+
+    asked = until("the request rows", lambda: list(
+        RequestLog.objects.filter(model="solo").order_by("received_at")
+        .values_list("request_id", flat=True)) or None, within=10)
+    loads = list(ModelEvent.objects.filter(model="solo", kind="load").order_by("id")
+                 .values_list("request_id", flat=True))
+    assert loads == asked and len(loads) == 2

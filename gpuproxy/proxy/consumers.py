@@ -457,7 +457,7 @@ class ProxyConsumer(UpstreamExchange):
             try:
                 try:
                     grant = await self.rt.acquire(model, priority, patience, watch=watch,
-                                                  age=age)
+                                                  age=age, request_id=str(rec.request_id))
                 finally:
                     if reporter is not None:
                         reporter.cancel()

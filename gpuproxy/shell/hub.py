@@ -75,9 +75,9 @@ class _Link:
         """One frame from the request process (`wire.Channel` calls it, in order)."""
         kind = frame[0]
         if kind == "acquire":
-            _, rid, model, priority, deadline, watched, age = frame
+            _, rid, model, priority, deadline, watched, age, request_id = frame
             self.waits[rid] = self.spawn(self._acquire(rid, model, priority, deadline, watched,
-                                                       age))
+                                                       age, request_id))
         elif kind == "release":
             grant = self.grants.pop(frame[1], None)
             if grant is not None:
@@ -138,7 +138,7 @@ class _Link:
             self.hub.all_gone.set()
 
     async def _acquire(self, rid: int, model: str, priority: int, deadline: float | None,
-                       watched: bool, age: float) -> None:
+                       watched: bool, age: float, request_id: str = "") -> None:
         reporter: asyncio.Task[None] | None = None
 
         def watch(waiting: Any) -> None:
@@ -147,7 +147,8 @@ class _Link:
 
         try:
             grant = await self.hub.rt.acquire(model, priority, deadline,
-                                              watch=watch if watched else None, age=age)
+                                              watch=watch if watched else None, age=age,
+                                              request_id=request_id)
         except SchedulingError as exc:
             self.send(("refused", rid, wire.error_state(exc)))
             return

@@ -73,11 +73,12 @@ class ProxyPort(Protocol):
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
                       watch: Callable[[Waiting], None] | None = None, *,
-                      age: float = 0.0) -> Granted:
+                      age: float = 0.0, request_id: str = "") -> Granted:
         """Wait for the scheduler to grant `model`; `Grant.release()` once done. Raises the
         SchedulingError the scheduler chose; a cancelled wait withdraws the request. `age`:
         seconds it already waited on the trusted peer that forwarded it (it queues as that
-        much older)."""
+        much older). `request_id`: its activity row's, named by the load it causes (a model
+        event)."""
         ...
 
     async def load(self, model: str) -> str: ...

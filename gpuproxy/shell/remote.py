@@ -312,7 +312,7 @@ class RemoteRuntime:
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
                       watch: Callable[[Waiting], None] | None = None, *,
-                      age: float = 0.0) -> RemoteGrant:
+                      age: float = 0.0, request_id: str = "") -> RemoteGrant:
         if self._channel is None:
             raise SchedulerUnavailable()
         loop = asyncio.get_running_loop()
@@ -322,7 +322,8 @@ class RemoteRuntime:
         if watch is not None:
             watch(waiting)
         self._acquires[rid] = _Acquire(done, waiting)
-        self.send(("acquire", rid, model, priority, deadline, watch is not None, age))
+        self.send(("acquire", rid, model, priority, deadline, watch is not None, age,
+                   request_id))
         try:
             return await done
         except asyncio.CancelledError:

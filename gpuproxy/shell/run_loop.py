@@ -66,6 +66,7 @@ class Waiting:
     waits: asyncio.Event = field(default_factory=asyncio.Event)
     model: str = ""
     swap_wait: float | None = None  # seconds this request waited for a model load
+    request_id: str = ""  # its activity row's: a load it causes names it (model events)
 
 
 @dataclass(eq=False)
@@ -236,7 +237,7 @@ class RunLoop:
     async def acquire(self, model: str, priority: int = 0,
                       deadline: float | None = None,
                       watch: Callable[[Waiting], None] | None = None, *,
-                      age: float = 0.0) -> Grant:
+                      age: float = 0.0, request_id: str = "") -> Grant:
         """Wait until the scheduler grants `model` (an id or an unknown name) to this caller.
 
         Raises the SchedulingError the scheduler chose, or QueueTimeout after `deadline`
@@ -251,13 +252,14 @@ class RunLoop:
         if deadline:
             try:
                 async with asyncio.timeout(deadline):
-                    return await self.acquire(model, priority, watch=watch, age=age)
+                    return await self.acquire(model, priority, watch=watch, age=age,
+                                              request_id=request_id)
             except TimeoutError:
                 raise QueueTimeout(model, deadline) from None
         if self._closed:  # the loop takes no more events: waiting would be forever
             raise ShuttingDown()
         loop = asyncio.get_running_loop()
-        waiting = Waiting(loop.create_future(), model=model)
+        waiting = Waiting(loop.create_future(), model=model, request_id=request_id)
         if watch is not None:
             watch(waiting)  # e.g. a stream that reports the wait to its client
         now = loop.time()
@@ -349,6 +351,10 @@ class RunLoop:
                 self.upstreams.restarting(m, mev.ADMIN if asked else mev.CONFIG)
             else:
                 self.upstreams.cause(m, mev.SWAP, f"for {model}")
+        if model not in evict:  # the load names the request it is for: its first waiter
+            first = self.scheduler.active_swaps().get(model, [None])[0]
+            self.upstreams.cause(model, mev.REQUEST, load=True,
+                                 request_id=getattr(first and first.handle, "request_id", ""))
         task = self._spawn(self._swap(model, evict, self._unloads.get(model, 0)),
                            f"swap:{model}")
         self._swaps[model] = task

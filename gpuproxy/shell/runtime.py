@@ -228,8 +228,9 @@ class Runtime:
 
     async def acquire(self, model: str, priority: int = 0, deadline: float | None = None,
                       watch: Callable[[Waiting], None] | None = None, *,
-                      age: float = 0.0) -> Grant:
-        return await self.run_loop.acquire(model, priority, deadline, watch=watch, age=age)
+                      age: float = 0.0, request_id: str = "") -> Grant:
+        return await self.run_loop.acquire(model, priority, deadline, watch=watch, age=age,
+                                           request_id=request_id)
 
     async def load(self, model: str) -> str:
         return await self.run_loop.load(model)

@@ -39,9 +39,10 @@ class Upstreams:
         # events writer's O(1) submit. Why a stop or a load was asked is the run loop's to
         # say (`cause`); the process only knows what happened.
         self.on_event: Callable[[dict[str, Any]], None] | None = None
-        self._stop_cause: dict[str, tuple[str, str]] = {}  # model -> (reason, detail)
-        self._load_cause: dict[str, tuple[str, str]] = {}
-        self._run_cause: dict[str, tuple[str, str]] = {}  # the cause of the run now started
+        # model -> (reason, detail, request_id)
+        self._stop_cause: dict[str, tuple[str, str, str]] = {}
+        self._load_cause: dict[str, tuple[str, str, str]] = {}
+        self._run_cause: dict[str, tuple[str, str, str]] = {}  # the run now started's
 
     async def refresh(self) -> tuple[Catalog, list[str]]:
         """Re-read the definitions. Returns the catalog and the models that were removed
@@ -66,29 +67,32 @@ class Upstreams:
                 records=self._records, on_exit=self._exited, on_event=self._event)
         return proc
 
-    def cause(self, model_id: str, reason: str, detail: str = "", *, load: bool = False
-              ) -> None:
+    def cause(self, model_id: str, reason: str, detail: str = "", *, load: bool = False,
+              request_id: str = "") -> None:
         """Why the next stop (or, with `load`, the next start) of `model_id` happens: an
-        `activity.events` reason, kept for the events it brings."""
-        (self._load_cause if load else self._stop_cause)[model_id] = (reason, detail)
+        `activity.events` reason (and the request a load is for), kept for the events it
+        brings."""
+        (self._load_cause if load else self._stop_cause)[model_id] = (reason, detail,
+                                                                      request_id)
 
     def _event(self, model_id: str, kind: str, pid: int | None, seconds: float | None,
                detail: str) -> None:
         if kind == events.IDLE_UNLOAD:
-            reason, why = events.TTL, ""
+            reason, why, rid = events.TTL, "", ""
         elif kind == events.CRASH:
-            reason, why = events.CRASHED, ""
+            reason, why, rid = events.CRASHED, "", ""
         elif kind == events.UNLOAD:
-            reason, why = self._stop_cause.pop(model_id, ("", ""))
+            reason, why, rid = self._stop_cause.pop(model_id, ("", "", ""))
         elif kind == events.LOAD:
-            reason, why = self._run_cause[model_id] = self._load_cause.pop(
-                model_id, (events.REQUEST, ""))
+            reason, why, rid = self._run_cause[model_id] = self._load_cause.pop(
+                model_id, (events.REQUEST, "", ""))
         else:  # ready, start_failed: the cause of the start (one that never spawned has none)
             cause = self._run_cause.pop(model_id, None)
-            reason, why = cause or self._load_cause.pop(model_id, (events.REQUEST, ""))
+            reason, why, rid = cause or self._load_cause.pop(model_id, (events.REQUEST, "", ""))
         if self.on_event is not None:
             self.on_event(events.row(model_id, kind, pid=pid, seconds=seconds, reason=reason,
-                                     detail="; ".join(t for t in (detail, why) if t)))
+                                     detail="; ".join(t for t in (detail, why) if t),
+                                     request_id=rid or None))
 
     def restarting(self, model_id: str, reason: str) -> None:
         """A restart begins: its own event, then the stop and the start carry its reason."""
