@@ -87,12 +87,13 @@ class RequestLog(models.Model):
         null=True, blank=True,
         help_text="The client's address: the TCP peer, or from X-Forwarded-For/Forwarded when "
                   "the peer is a trusted proxy (GPUPROXY_TRUSTED_PROXIES)")
+    # db_default (as upstream_retries): rows another client writes without them get ''.
     end_user = models.CharField(
-        max_length=END_USER_MAX, blank=True,
+        max_length=END_USER_MAX, blank=True, default="", db_default="",
         help_text="The body's `user` field (OpenAI's end-user id, Anthropic metadata.user_id), "
                   "cut to 255 characters")
     endpoint = models.CharField(
-        max_length=32, blank=True,
+        max_length=32, blank=True, default="", db_default="",
         help_text="The kind of call (chat, completions, embeddings...; activity/endpoints.py)")
     user_agent = models.CharField(max_length=512, blank=True)
     error = models.TextField(blank=True)
