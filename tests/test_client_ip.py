@@ -142,7 +142,8 @@ def stop(proxy) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_rows_behind_a_trusted_proxy(serve) -> None:
-    proxy = serve(config(free_port()), extra_env={"GPUPROXY_TRUSTED_PROXIES": "127.0.0.1"})
+    proxy = serve(config(free_port()), extra_env={"GPUPROXY_TRUSTED_PROXIES": "127.0.0.1",
+                                                  "GPUPROXY_MAX_BODY_MB": "1"})
     h = proxy.http
     chat = {"model": "solo", "messages": [{"role": "user", "content": "one two three"}],
             "max_tokens": 2}
@@ -153,9 +154,14 @@ def test_rows_behind_a_trusted_proxy(serve) -> None:
                headers={"Forwarded": 'for="[2001:db8:cafe::17]:4711"'})
     assert r.status_code == 200, r.text
     assert h.post("/v1/embeddings", json={"model": "solo", "input": "a"}).status_code == 200
+    # refused at the edge from its Content-Length, before the consumer: the same address
+    r = h.post("/v1/rerank", content=b"x" * (1024 * 1024 + 1),
+               headers={"X-Forwarded-For": "203.0.113.77", "Content-Type": "application/json"})
+    assert r.status_code == 413, r.text
     stop(proxy)
     rows = {r.endpoint: r for r in RequestLog.objects.all()}
-    assert set(rows) == {"chat", "completions", "embeddings"}
+    assert set(rows) == {"chat", "completions", "embeddings", "rerank"}
+    assert (rows["rerank"].client_ip, rows["rerank"].outcome) == ("203.0.113.77", "bad_request")
     assert (rows["chat"].client_ip, rows["chat"].client, rows["chat"].end_user) == (
         "203.0.113.9", "203.0.113.9", "alice")
     assert rows["completions"].client_ip == "2001:db8:cafe::17"

@@ -22,7 +22,7 @@ from django.conf import settings
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-__all__ = ["client_ip", "parse_trusted", "resolve"]
+__all__ = ["client_ip", "from_twisted", "parse_trusted", "resolve"]
 
 
 def parse_trusted(value: str) -> tuple[Network, ...]:
@@ -138,3 +138,11 @@ def client_ip(scope: dict[str, Any]) -> str:
     else:
         chain = [entry for value in xff for entry in value.split(",")]
     return resolve(peer, chain, trusted)
+
+
+def from_twisted(peer: Any, request: Any) -> str:
+    """The same for a request refused at the edge (gpuproxy/proxy/edge.py), before there is a
+    scope: Twisted's peer address and request headers."""
+    headers = [(name.lower(), value)
+               for name, values in request.requestHeaders.getAllRawHeaders() for value in values]
+    return client_ip({"client": (getattr(peer, "host", "") or "", 0), "headers": headers})

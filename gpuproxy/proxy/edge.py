@@ -430,12 +430,13 @@ class EdgeChannel(http.HTTPChannel):
         from activity.record import RequestRecord
         from activity.writer import writer
         from gpuproxy.observe import metrics
+        from gpuproxy.proxy.client_ip import from_twisted
 
         transport: Any = self.transport  # (see refuse: Twisted's interface stubs)
         peer = transport.getPeer() if transport is not None else None
         user_agent = (req.requestHeaders.getRawHeaders(b"user-agent") or [b""])[0]
-        rec = RequestRecord(self._command.decode("latin-1"), path,
-                            getattr(peer, "host", "") or "", user_agent.decode("latin-1"))
+        rec = RequestRecord(self._command.decode("latin-1"), path, from_twisted(peer, req),
+                            user_agent.decode("latin-1"))
         rec.fail(refusal.status, refusal.outcome, refusal.message)
         row = rec.row()
         writer().submit(row)
