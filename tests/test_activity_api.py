@@ -143,7 +143,8 @@ async def test_stats_default_window_is_the_last_hour(client, mixed):
     assert s["outcomes"]["ok"] == 5
     assert s["outcomes"]["rejected_queue"] == 1
     assert s["outcomes"]["start_failed"] == 0
-    assert s["tokens"] == {"prompt": 1007, "completion": 103, "cached": 0}
+    assert s["tokens"] == {"prompt": 1007, "completion": 103, "cached": 0, "input": 0,
+                           "output": 0, "draft": 0, "draft_accepted": 0}
 
     normal = s["bands"]["normal"]
     assert normal["count"] == 5  # the rejected row counts, its NULL wait does not

@@ -13,6 +13,7 @@ from django.db import connection
 
 from activity import outcomes
 from activity.models import RequestLog
+from gpuproxy.api.activity import compute_stats
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
@@ -91,3 +92,11 @@ def test_who_sends_what(rows) -> None:
         ("203.0.113.9", "alice", "chat", 2, 100, 10),
         ("198.51.100.4", "", "embeddings", 1, 10, 0),
     ]
+
+
+def test_the_stats_api_sums_the_token_columns(rows) -> None:
+    # the five rows of today; the 40-day-old one is out of the window
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    assert compute_stats({"received_at__gte": since})["tokens"] == {
+        "input": 110, "cached": 24, "output": 40, "draft": 10, "draft_accepted": 5,
+        "prompt": 0, "completion": 0}  # the aliases: these rows were written without them

@@ -232,8 +232,12 @@ def compute_stats(filters: dict[str, Any]) -> dict[str, Any]:
     by_outcome = {o: 0 for o in outcomes.ALL}
     for row in qs.values("outcome").annotate(n=Count("id")).order_by():
         by_outcome[row["outcome"]] = row["n"]
+    # input/output: one meaning on every backend; prompt/completion: their aliases, which
+    # rows older than migration 0006 fill with the backend's own meaning (docs/activity.md)
     tokens = qs.aggregate(prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
-                          cached=Sum("cached_tokens"))
+                          cached=Sum("cached_tokens"), input=Sum("input_tokens"),
+                          output=Sum("output_tokens"), draft=Sum("draft_tokens"),
+                          draft_accepted=Sum("draft_accepted_tokens"))
     groups = (_groups_postgresql if connection.vendor == "postgresql" else _groups_python)
     return {
         "total": sum(by_outcome.values()),
