@@ -7,6 +7,7 @@ Plain Python; the writer turns the row into a `RequestLog`.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import time
@@ -157,8 +158,15 @@ def _ip_or_none(text: str) -> str | None:
 
 
 def _is_credential(value: str, headers: Mapping[bytes, bytes]) -> bool:
-    """Whether `value` is the key this request presented (Authorization or x-api-key)."""
+    """Whether `value` is the key this request presented: Bearer, Basic's password (as
+    gpuproxy/proxy/auth.py reads keys) or X-Api-Key."""
     raw = value.encode("latin-1", "replace")
     auth = headers.get(b"authorization", b"")
-    token = auth.split(b" ", 1)[1].strip() if b" " in auth else auth.strip()
-    return raw in (token, headers.get(b"x-api-key", b"").strip())
+    scheme, _, token = auth.strip().partition(b" ")
+    token = token.strip()
+    if scheme.lower() == b"basic":
+        try:
+            token = base64.b64decode(token, validate=True).partition(b":")[2]
+        except ValueError:
+            token = b""
+    return raw in (token, headers.get(b"x-api-key", b"").strip()) or raw == auth.strip()

@@ -236,6 +236,9 @@ def test_a_peer_that_is_not_an_address_has_no_client_ip() -> None:
     ({"user": "sk-proj-abc123"}, {}, ""),  # looks like a key: never kept
     ({"user": "tenant-key-1"}, {b"authorization": b"Bearer tenant-key-1"}, ""),
     ({"user": "tenant-key-1"}, {b"x-api-key": b"tenant-key-1"}, ""),
+    # Basic with the key as the password: base64 of "anyone:tenant-key-1"
+    ({"user": "tenant-key-1"}, {b"authorization": b"Basic YW55b25lOnRlbmFudC1rZXktMQ=="}, ""),
+    ({"user": "tenant-key-1"}, {b"authorization": b"Basic not-base64!"}, "tenant-key-1"),
     ({"user": "tenant-a"}, {b"authorization": b"Bearer tenant-key-1"}, "tenant-a"),
     (None, {}, ""),
 ])
