@@ -140,8 +140,37 @@ class StatusFilter(admin.SimpleListFilter):
 ALL_FIELDS = [f.name for f in RequestLog._meta.concrete_fields]
 
 
+class ReadOnlyLog(admin.ModelAdmin):
+    """What the request log and the model events share: read-only (analysts read rows; the
+    writer is the only thing that creates them), and a search that takes a request id
+    (exact) or an exact value of one of `search_other`'s columns."""
+
+    search_other: tuple[str, ...] = ()
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(request_id=uuid.UUID(term)), False
+        except ValueError:
+            match = Q()
+            for column in self.search_other:
+                match |= Q(**{column: term})
+            return queryset.filter(match), False
+
+
 @admin.register(RequestLog)
-class RequestLogAdmin(admin.ModelAdmin):
+class RequestLogAdmin(ReadOnlyLog):
     list_display = ("received_at", "model", "band", "priority", "outcome", "status_code",
                     "queue_wait_ms", "swap_ms", "duration_ms", "completion_tokens",
                     "generation_tps", "client")
@@ -169,24 +198,7 @@ class RequestLogAdmin(admin.ModelAdmin):
         ("Row", {"fields": ("id",)}),
     )
 
-    # read-only: analysts read rows; the writer is the only thing that creates them
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(request_id=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.filter(Q(model=term) | Q(client=term)), False
+    search_other = ("model", "client")
 
     @admin.display(description="score breakdown")
     def score_breakdown(self, obj: RequestLog) -> str:
@@ -222,7 +234,7 @@ def _num(value) -> str:
 
 
 @admin.register(ModelEvent)
-class ModelEventAdmin(admin.ModelAdmin):
+class ModelEventAdmin(ReadOnlyLog):
     """The model events, newest first: read-only like the request log, and as cheap on a big
     table (no exact count, no column sorting, the model filter by a loose index scan)."""
 
@@ -239,20 +251,4 @@ class ModelEventAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     readonly_fields = tuple(f.name for f in ModelEvent._meta.concrete_fields)
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(request_id=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.filter(model=term), False
+    search_other = ("model",)
