@@ -8,6 +8,7 @@ Django; scheduling/catalog_db.py builds it from the ORM.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -55,6 +56,20 @@ def url_host(url: str) -> str:
     if not host:
         return "(not a URL)"
     return f"{host}:{port}" if port else host
+
+
+def find_peer_model(peers: Iterable[tuple[str, Iterable[str]]], name: str
+                    ) -> tuple[str, str] | None:
+    """llama-swap's `ResolvePeerModel`, for the catalog and the config checks alike: (peer id,
+    its model) for `<peer>/<model>`, else for a bare name exactly one peer lists (the
+    qualified name wins); None when nothing, or more than one, matches."""
+    listed = [(pid, tuple(models)) for pid, models in peers]
+    for qualified in (True, False):
+        found = {(pid, m) for pid, models in listed for m in models
+                 if (f"{pid}/{m}" if qualified else m) == name}
+        if found:
+            return found.pop() if len(found) == 1 else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -159,16 +174,7 @@ class Catalog:
         """(peer id, its model) for `<peer>/<model>`, or for a bare name exactly one peer
         serves (llama-swap's `ResolvePeerModel`: the qualified name first); else None. A
         local id or alias shadowing a bare name is the caller's check (`route`)."""
-        found: set[tuple[str, str]] = set()
-        for pid, peer in self.peers.items():
-            for m in peer.models:
-                if f"{pid}/{m}" == name:
-                    found.add((pid, m))
-        if not found:
-            for pid, peer in self.peers.items():
-                if name in peer.models:
-                    found.add((pid, name))
-        return found.pop() if len(found) == 1 else None
+        return find_peer_model(((pid, p.models) for pid, p in self.peers.items()), name)
 
     def route(self, name: str, *, profiles: bool = True) -> Route:
         """What `name` means, in llama-swap's order: the active profile's pin first (a pin

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduling.catalog import find_peer_model
 from scheduling.core.matrix import MatrixError, MatrixSwapper
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.llamaswap.parsed import (
@@ -61,12 +62,7 @@ class RoutingView:
     def peer_model(self, name: str) -> tuple[str, str] | None:
         """(peer, model) for `<peer>/<model>`, else for a bare name exactly one peer lists
         (llama-swap's `ResolvePeerModel`: the qualified name wins)."""
-        for qualified in (True, False):
-            found = {(p.peer_id, m) for p in self.peers for m in p.models
-                     if (f"{p.peer_id}/{m}" if qualified else m) == name}
-            if found:
-                return found.pop() if len(found) == 1 else None
-        return None
+        return find_peer_model(((p.peer_id, p.models) for p in self.peers), name)
 
     def resolve(self, name: str) -> str | None:
         """A selector target as the scheduler knows it: a local model id (aliases resolved)
