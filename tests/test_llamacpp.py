@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -383,3 +384,25 @@ def test_embeddings_from_llamacpp_with_its_pooling(serve, tiny_models):
     last = oa.embeddings.create(model="emb-last", input=texts[:1], encoding_format="float")
     assert len(last.data[0].embedding) == 64
     assert last.data[0].embedding != vectors[0]  # another pooling, another vector
+
+
+def test_the_row_counts_cached_prompt_tokens_inside_input_as_the_client_saw(serve, tiny_models):
+    """Issue 20's finding, against the real server: the second identical prompt is served
+    mostly from llama.cpp's cache, its `timings.prompt_n` counts only the uncached tokens and
+    its `usage.prompt_tokens` all of them. The row's `input_tokens` must be what the client
+    saw in `usage` (cached included) and `cached_tokens` llama.cpp's `timings.cache_n`."""
+    from activity.models import RequestLog
+
+    proxy = serve(config(tiny_models))
+    oa = client(proxy)
+    answers = [oa.chat.completions.create(model="tiny-a", messages=MESSAGES, max_tokens=4,
+                                          temperature=0) for _ in range(2)]
+    timings = answers[1].model_extra["timings"]
+    assert timings["cache_n"] > 0, timings  # the prefix came from the cache
+    assert timings["prompt_n"] < answers[1].usage.prompt_tokens
+    proxy.proc.send_signal(signal.SIGTERM)  # the writer flushes its rows at exit
+    assert proxy.proc.wait(30) == 0, proxy.output()
+    last = RequestLog.objects.filter(model="tiny-a").order_by("received_at").last()
+    assert last is not None
+    assert (last.input_tokens, last.cached_tokens, last.output_tokens) == (
+        answers[1].usage.prompt_tokens, timings["cache_n"], 4)
