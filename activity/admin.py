@@ -8,14 +8,17 @@
   (model, received_at) / (band, received_at) indexes, not a `SELECT DISTINCT` over the table;
   the status filter offers a fixed list (status_code has no index).
 - `date_hierarchy` costs one min/max and one `dates()` query per page (accepted).
-- Search: a UUID searches `request_id` (indexed); anything else matches `model` or `client`
-  exactly (no `LIKE '%…%'` scans).
+- Search: a UUID searches `request_id` (indexed); anything else matches `model`, `client` or
+  `end_user` exactly, and `client_ip` when it is an address (no `LIKE '%…%'` scans).
+- The endpoint filter offers the fixed set of `activity/endpoints.py` (`endpoint` has no
+  index, so its distinct values would cost a table scan).
 - Model events (`ModelEvent`) get the same read-only list: filters by model (loose index scan)
   and kind, a date hierarchy, no exact count.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from functools import cached_property
 from typing import Any, cast
@@ -28,6 +31,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from activity import endpoints
 from activity.management.commands.activity_export import COLUMNS, iter_csv
 from activity.models import ModelEvent, RequestLog
 
@@ -137,15 +141,37 @@ class StatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+class EndpointFilter(admin.SimpleListFilter):
+    """The kinds of call the proxy records (`activity/endpoints.py`): a fixed list, because
+    `endpoint` has no index; "none" finds the rows older than migration 0006, which have ''."""
+
+    title = "endpoint"
+    parameter_name = "endpoint"
+
+    def lookups(self, request, model_admin):
+        return [*((e, e) for e in endpoints.ALL), ("none", "none")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == "none":
+            return queryset.filter(endpoint="")
+        if value in endpoints.ALL:
+            return queryset.filter(endpoint=value)
+        return queryset
+
+
 ALL_FIELDS = [f.name for f in RequestLog._meta.concrete_fields]
 
 
 class ReadOnlyLog(admin.ModelAdmin):
     """What the request log and the model events share: read-only (analysts read rows; the
     writer is the only thing that creates them), and a search that takes a request id
-    (exact) or an exact value of one of `search_other`'s columns."""
+    (exact) or an exact value of one of `search_other`'s columns (or, for an address, of
+    `search_address`'s)."""
 
     search_other: tuple[str, ...] = ()
+    #: inet columns, compared only with a term that is an address (PostgreSQL refuses others)
+    search_address: tuple[str, ...] = ()
 
     def has_add_permission(self, request):
         return False
@@ -166,18 +192,22 @@ class ReadOnlyLog(admin.ModelAdmin):
             match = Q()
             for column in self.search_other:
                 match |= Q(**{column: term})
+            if self.search_address and _is_address(term):
+                for column in self.search_address:
+                    match |= Q(**{column: term})
             return queryset.filter(match), False
 
 
 @admin.register(RequestLog)
 class RequestLogAdmin(ReadOnlyLog):
-    list_display = ("received_at", "model", "band", "priority", "outcome", "status_code",
-                    "queue_wait_ms", "swap_ms", "duration_ms", "completion_tokens",
-                    "generation_tps", "client")
-    list_filter = (ModelFilter, BandFilter, "outcome", StatusFilter, "stream")
+    list_display = ("received_at", "model", "endpoint", "band", "priority_shown", "outcome",
+                    "status_code", "queue_wait_ms", "swap_ms", "duration_ms", "input_tokens",
+                    "output_tokens", "generation_tps", "client")
+    list_filter = (ModelFilter, EndpointFilter, BandFilter, "outcome", StatusFilter, "stream")
     date_hierarchy = "received_at"
-    search_fields = ("request_id", "model", "client")
-    search_help_text = "a request id (exact), or a model or client name (exact)"
+    search_fields = ("request_id", "model", "client", "end_user", "client_ip")
+    search_help_text = ("a request id, or a model, client, end user or client address "
+                        "(all exact)")
     ordering = ("-id",)
     sortable_by = ()
     list_per_page = 100
@@ -187,18 +217,33 @@ class RequestLogAdmin(ReadOnlyLog):
     readonly_fields = (*ALL_FIELDS, "score_breakdown")
     fieldsets = (
         (None, {"fields": ("request_id", "outcome", "status_code", "error", "client",
-                           "user_agent")}),
-        ("Request", {"fields": ("method", "path", "model_requested", "model", "stream")}),
+                           "client_ip", "end_user", "user_agent")}),
+        ("Request", {"fields": ("method", "path", "endpoint", "model_requested", "model",
+                                "stream", "upstream_retries")}),
         ("Scheduling", {"fields": ("scheduler", "priority_asked", "priority", "band", "score",
                                    "score_breakdown", "score_parts")}),
         ("Timing", {"fields": ("received_at", "dispatched_at", "first_byte_at", "finished_at",
                                "queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms")}),
-        ("Tokens", {"fields": ("prompt_tokens", "completion_tokens", "cached_tokens",
+        ("Tokens", {"fields": ("input_tokens", "cached_tokens", "output_tokens",
+                               "output_tokens_counted", "draft_tokens", "draft_accepted_tokens",
                                "prompt_tps", "generation_tps")}),
+        # the aliases: rows older than migration 0006 hold only these, with their backend's
+        # meaning (docs/activity.md, "Token counts across backends")
+        ("Token aliases", {"fields": ("prompt_tokens", "completion_tokens"),
+                           "classes": ("collapse",)}),
         ("Row", {"fields": ("id",)}),
     )
 
-    search_other = ("model", "client")
+    search_other = ("model", "client", "end_user")
+    search_address = ("client_ip",)
+
+    @admin.display(description="priority")
+    def priority_shown(self, obj: RequestLog) -> str:
+        """The applied priority, with what was asked when the key's range clamped it: the
+        clamp is what an operator looking at a slow request wants to see first."""
+        if obj.priority_asked is not None and obj.priority_asked != obj.priority:
+            return f"{obj.priority} (asked {obj.priority_asked})"
+        return str(obj.priority)
 
     @admin.display(description="score breakdown")
     def score_breakdown(self, obj: RequestLog) -> str:
@@ -223,6 +268,14 @@ class RequestLogAdmin(ReadOnlyLog):
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         response["Content-Disposition"] = f'attachment; filename="activity-{stamp}.csv"'
         return response
+
+
+def _is_address(term: str) -> bool:
+    try:
+        ipaddress.ip_address(term)
+    except ValueError:
+        return False
+    return True
 
 
 def _num(value) -> str:

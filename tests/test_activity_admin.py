@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import re
 import uuid
 
 import pytest
@@ -184,3 +185,69 @@ def test_export_selected_as_csv(admin_client):
         "qwen-7b", "alice", "200")
     assert (rows[1]["outcome"], rows[1]["status_code"], rows[1]["stream"]) == (
         "rejected_capacity", "429", "true")
+
+
+def test_every_column_is_on_the_detail_page():
+    # a column added to the model and forgotten in the fieldsets would be invisible there
+    from django.contrib.admin import site
+
+    shown = {f for _, opts in site._registry[RequestLog].fieldsets for f in opts["fields"]}
+    assert {f.name for f in RequestLog._meta.concrete_fields} <= shown
+
+
+def test_detail_page_shows_the_token_client_and_endpoint_columns(admin_client):
+    log = make(model="qwen-7b", priority=50, priority_asked=900, input_tokens=1234,
+               cached_tokens=567, output_tokens=89, output_tokens_counted=True,
+               draft_tokens=41, draft_accepted_tokens=37, client_ip="203.0.113.77",
+               end_user="user-4711", endpoint="embeddings", upstream_retries=1)
+    r = admin_client.get(reverse("admin:activity_requestlog_change", args=[log.id]))
+    assert r.status_code == 200
+    body = r.content.decode()
+
+    def shown(label: str, value: str) -> bool:
+        # a read-only field renders as its label, then its value in <div class="readonly">
+        return re.search(rf">{re.escape(label)}:</label>\s*<div class=\"readonly\">"
+                         rf"{re.escape(value)}</div>", body) is not None
+
+    for label, value in [("Input tokens", "1234"), ("Cached tokens", "567"),
+                         ("Output tokens", "89"), ("Draft tokens", "41"),
+                         ("Draft accepted tokens", "37"), ("Priority asked", "900"),
+                         ("Priority", "50"), ("Client ip", "203.0.113.77"),
+                         ("End user", "user-4711"), ("Endpoint", "embeddings"),
+                         ("Upstream retries", "1")]:
+        assert shown(label, value), (label, value)
+    # a boolean renders as Django's icon, its alt text the value
+    assert re.search(r">Output tokens counted:</label>\s*<div class=\"readonly\">"
+                     r"<img [^>]*alt=\"True\"", body)
+    # priority_asked sits next to priority
+    assert body.index(">Priority asked:<") < body.index(">Priority:<")
+
+
+def test_changelist_shows_the_clamp_and_filters_by_endpoint(admin_client):
+    chat = make(endpoint="chat", priority=50, priority_asked=900, input_tokens=321,
+                output_tokens=12)
+    embeddings = make(endpoint="embeddings")
+    old = make(endpoint="")  # a row from before migration 0006
+    url = reverse(CHANGELIST)
+    r = admin_client.get(url)
+    body = r.content.decode()
+    assert "50 (asked 900)" in body
+    assert 'href="?endpoint=embeddings"' in body and 'href="?endpoint=none"' in body
+    assert [x.id for x in results(admin_client.get(url, {"endpoint": "embeddings"}))] == [
+        embeddings.id]
+    assert [x.id for x in results(admin_client.get(url, {"endpoint": "chat"}))] == [chat.id]
+    assert [x.id for x in results(admin_client.get(url, {"endpoint": "none"}))] == [old.id]
+    # a value that is not an endpoint filters nothing out rather than failing
+    assert {x.id for x in results(admin_client.get(url, {"endpoint": "bogus"}))} == {
+        chat.id, embeddings.id, old.id}
+
+
+def test_search_by_end_user_and_client_address(admin_client):
+    a = make(end_user="user-4711", client_ip="203.0.113.77", client="alice")
+    b = make(end_user="other", client_ip="2001:db8::5", client="bob")
+    url = reverse(CHANGELIST)
+    assert [r.id for r in results(admin_client.get(url, {"q": "user-4711"}))] == [a.id]
+    assert [r.id for r in results(admin_client.get(url, {"q": "203.0.113.77"}))] == [a.id]
+    assert [r.id for r in results(admin_client.get(url, {"q": "2001:db8::5"}))] == [b.id]
+    # a term that is no address is not compared with the inet column (which would refuse it)
+    assert [r.id for r in results(admin_client.get(url, {"q": "bob"}))] == [b.id]
