@@ -46,7 +46,7 @@ from django.db import (
     transaction,
 )
 
-from activity import captures
+from activity import captures, partitions
 
 logger = logging.getLogger("activity.writer")
 
@@ -190,6 +190,9 @@ class ActivityWriter:
         # A fresh context: the task must not inherit a request's (asgiref) context.
         self._task = loop.create_task(self._run(), name="activity-writer",
                                       context=contextvars.Context())
+        # the months ahead exist before rows need them: on the thread, never the loop
+        self._get_executor().submit(partitions.keep_ahead, self.model_name, self.using,
+                                    close=True)
 
     @property
     def running(self) -> bool:
@@ -390,6 +393,7 @@ class ActivityWriter:
         if not sqlite:
             close_old_connections()
         try:
+            partitions.keep_ahead(self.model_name, self.using)  # about once a day
             sql, fields = self._statement(conn)
             params, kept, rejected = [], [], 0
             for row in rows:
