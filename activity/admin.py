@@ -31,7 +31,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from activity import endpoints
+from activity import endpoints, partitions
 from activity.management.commands.activity_export import COLUMNS, iter_csv
 from activity.models import ModelEvent, RequestLog
 
@@ -62,14 +62,7 @@ class EstimatedCountPaginator(Paginator):
 
     @staticmethod
     def _estimate(qs) -> int | None:
-        connection = connections[qs.db]
-        if connection.vendor != "postgresql":
-            return None
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                           [qs.model._meta.db_table])
-            row = cursor.fetchone()
-        return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+        return partitions.estimate_rows(qs.model._meta.db_table, qs.db)  # over the partitions
 
 
 def distinct_indexed(column: str, using: str, table: str = RequestLog._meta.db_table

@@ -99,6 +99,22 @@ def partitions(table: str, using: str = "default") -> list[Partition]:
     return sorted(found, key=lambda p: (p.default, p.lower is not None, p.lower or far))
 
 
+def estimate_rows(table: str, using: str = "default") -> int | None:
+    """PostgreSQL's row estimate for the table (no COUNT(*) on millions of rows): the sum over
+    its partitions, since autovacuum analyzes the partitions but never a partitioned parent,
+    whose own estimate stays unknown; a plain table's own. None on SQLite, or before anything
+    was analyzed."""
+    if not _postgresql(using):
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)::bigint "
+                       "FROM pg_class c WHERE c.relkind = 'r' AND (c.oid = %s::regclass OR "
+                       "c.oid IN (SELECT relid FROM pg_partition_tree(%s::regclass)))",
+                       [table, table])
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def create_month(table: str, month: dt.datetime, using: str = "default") -> int:
     """Create `table`'s partition for the month starting at `month`; return how many rows it
     took over from the DEFAULT partition (moved in the same transaction: PostgreSQL refuses

@@ -18,7 +18,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from activity import outcomes, partitions
-from activity.models import ModelEvent, RequestLog
+from activity.admin import EstimatedCountPaginator
+from activity.models import Capture, ModelEvent, RequestLog
 from activity.writer import ActivityWriter
 
 pytestmark = pytest.mark.postgres
@@ -349,3 +350,27 @@ def test_the_migration_attaches_a_table_with_rows_and_ids_continue():
             cursor.execute("TRUNCATE activity_requestlog, activity_modelevent")
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+
+@pytest.mark.django_db
+def test_the_row_estimate_adds_up_the_partitions_autovacuum_analyzes():
+    """Autovacuum analyzes partitions, never the partitioned parent, whose own estimate stays
+    unknown (-1): the admin's count would fall back to its cap on a table of millions."""
+    now = timezone.now()
+    RequestLog.objects.bulk_create([request_row(now) for _ in range(30)] + [
+        request_row(dt.datetime(2020, 1, 1, tzinfo=UTC)) for _ in range(12)])
+    assert partitions.estimate_rows("activity_requestlog") is None  # nothing analyzed yet
+    with connection.cursor() as cursor:  # what autovacuum does: the partitions, one by one
+        cursor.execute(f"ANALYZE {name('activity_requestlog', months_from(now, 0))}")
+        cursor.execute("ANALYZE activity_requestlog_default")
+    assert sql("SELECT reltuples FROM pg_class WHERE relname = 'activity_requestlog'") == [
+        (-1.0,)]
+    assert partitions.estimate_rows("activity_requestlog") == 30 + 12
+    assert EstimatedCountPaginator._estimate(RequestLog.objects.all()) == 42
+    # a plain table: its own estimate
+    Capture.objects.bulk_create(Capture(request_id=uuid.uuid4(), size=1, data=b"x")
+                                for _ in range(3))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE activity_capture")
+    assert partitions.estimate_rows("activity_capture") == 3
