@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from activity.models import RequestLog
+from activity.models import ModelEvent, RequestLog
 
 pytestmark = pytest.mark.django_db
 
@@ -57,6 +57,17 @@ def test_prune_deletes_only_rows_older_than_the_cutoff(aged_rows):
     out, _ = run("activity_prune", "--older-than", "60m")
     assert out.startswith("deleted 0 rows older than ")
     assert RequestLog.objects.count() == 2
+
+
+def test_prune_deletes_old_model_events_too(aged_rows):
+    now = timezone.now()
+    ModelEvent.objects.bulk_create(
+        ModelEvent(at=now - dt.timedelta(days=d), model="m", kind="load") for d in (40, 31, 1))
+    out, _ = run("activity_prune", "--older-than", "30d")
+    assert [line.split(" older")[0] for line in out.splitlines()] == [
+        "deleted 4 rows", "deleted 2 model events"]
+    assert list(ModelEvent.objects.values_list("at", flat=True)) == [
+        now - dt.timedelta(days=1)]
 
 
 def test_prune_dry_run_deletes_nothing(aged_rows):
