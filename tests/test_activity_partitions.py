@@ -9,7 +9,9 @@ import asyncio
 import datetime as dt
 import io
 import logging
+import re
 import uuid
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -374,3 +376,76 @@ def test_the_row_estimate_adds_up_the_partitions_autovacuum_analyzes():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE activity_capture")
     assert partitions.estimate_rows("activity_capture") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_writer_creates_the_months_ahead_when_it_starts(monkeypatch):
+    """On its own thread, before its first batch (one thread: the batch waits behind it)."""
+    now = timezone.now()
+    missing = name("activity_modelevent", months_from(now, 2))
+
+    def drop() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP TABLE {missing}")
+        finally:
+            connections["default"].close()
+
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, drop)
+    monkeypatch.setattr(partitions, "_due", {})
+    events = ActivityWriter(interval=3600, batch_size=100, model="ModelEvent")
+    try:
+        events.start()
+        # the writer's thread runs jobs in order: once this one ran, the start's check has
+        await loop.run_in_executor(events._get_executor(), lambda: None)
+
+        def names() -> list[str]:
+            try:
+                return [p.name for p in partitions.partitions("activity_modelevent")]
+            finally:
+                connections["default"].close()
+
+        assert missing in await loop.run_in_executor(None, names)
+        events.submit({"at": months_from(now, 2), "model": "m", "kind": "load"})
+        assert await events.flush(10)
+    finally:
+        await events.close(10)
+
+    def where() -> str:
+        try:
+            ((got,),) = sql("SELECT tableoid::regclass::text FROM activity_modelevent")
+            return got
+        finally:
+            connections["default"].close()
+
+    assert await loop.run_in_executor(None, where) == missing
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "activity.md"
+
+
+def doc_queries() -> list[str]:
+    """The ```sql blocks of docs/activity.md's *Partitions and retention*, as written."""
+    text = DOC.read_text()
+    start = text.index("\n## Partitions and retention\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```sql\n(.*?)```", text[start:end], flags=re.S)
+
+
+@pytest.mark.django_db
+def test_the_docs_partition_queries_run_as_written():
+    now = timezone.now()
+    RequestLog.objects.bulk_create([request_row(now), request_row(now),
+                                    request_row(dt.datetime(2019, 6, 1, tzinfo=UTC))])
+    listing, week, default = doc_queries()
+    first, second = months_from(now, 0), months_from(now, 1)
+    rows = sql(listing)
+    assert [r[0] for r in rows] == sorted(
+        ["activity_requestlog_default"] + [name("activity_requestlog", months_from(now, n))
+                                           for n in (0, 1, 2)])
+    assert rows[0][1] == "DEFAULT"
+    assert rows[1][1] == (f"FOR VALUES FROM ('{first:%Y-%m-%d} 00:00:00+00') "
+                          f"TO ('{second:%Y-%m-%d} 00:00:00+00')")
+    assert [(str(r[0]), r[1]) for r in sql(week)] == [(name("activity_requestlog", first), 2)]
+    assert sql(default) == [(1,)]
