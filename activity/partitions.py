@@ -115,12 +115,13 @@ def estimate_rows(table: str, using: str = "default") -> int | None:
     return int(row[0]) if row and row[0] is not None else None
 
 
-def create_month(table: str, month: dt.datetime, using: str = "default") -> int:
+def create_month(table: str, month: dt.datetime, using: str = "default") -> int | None:
     """Create `table`'s partition for the month starting at `month`; return how many rows it
     took over from the DEFAULT partition (moved in the same transaction: PostgreSQL refuses
-    to attach a partition whose rows DEFAULT holds). The new table is filled, then attached,
-    which locks the parent only SHARE UPDATE EXCLUSIVE: inserts go on meanwhile, except into
-    DEFAULT."""
+    to attach a partition whose rows DEFAULT holds), or None when another process created it
+    first (each request process's writer checks at its start). The new table is filled, then
+    attached, which locks the parent only SHARE UPDATE EXCLUSIVE: inserts go on meanwhile,
+    except into DEFAULT."""
     key = TABLES[table]
     lo, hi = month_start(month), next_month(month_start(month))
     name = partition_name(table, lo)
@@ -128,6 +129,9 @@ def create_month(table: str, month: dt.datetime, using: str = "default") -> int:
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         cursor.execute(f"LOCK TABLE {table} IN SHARE UPDATE EXCLUSIVE MODE")
         cursor.execute(f"LOCK TABLE {table}_default IN ACCESS EXCLUSIVE MODE")
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        if cursor.fetchone()[0]:  # made while this one waited for the locks
+            return None
         cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
                        f"INCLUDING STORAGE INCLUDING COMPRESSION)")
         cursor.execute(
@@ -155,8 +159,8 @@ def ensure_ahead(months: int = DEFAULT_AHEAD, *, now: dt.datetime | None = None,
         month = start
         for _ in range(months + 1):
             following = next_month(month)
-            if not any(p.overlaps(month, following) for p in existing):
-                create_month(table, month, using)
+            if (not any(p.overlaps(month, following) for p in existing)
+                    and create_month(table, month, using) is not None):
                 created.append(partition_name(table, month))
             month = following
     return created

@@ -188,6 +188,18 @@ def test_rows_past_the_partitions_wait_in_default_and_move_when_their_month_come
 
 
 @pytest.mark.django_db
+def test_a_month_another_process_created_meanwhile_is_left_as_it_is():
+    """Every request process's writer checks at its start: the second to get the table's
+    lock finds the month made and makes nothing (before, CREATE TABLE failed: a warning)."""
+    now = timezone.now()
+    made = request_row(now)
+    made.save()
+    assert partitions.create_month("activity_requestlog", months_from(now, 0)) is None
+    assert landed("activity_requestlog", made.request_id) == name(
+        "activity_requestlog", months_from(now, 0))
+
+
+@pytest.mark.django_db
 def test_partitions_command_lists_and_creates_ahead():
     now = timezone.now()
     out = run("activity_partitions", "--ahead", "3")
