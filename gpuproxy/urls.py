@@ -8,6 +8,7 @@ from gpuproxy.api import views
 
 urlpatterns = [
     path("", dashboard_views.page, name="dashboard"),
+    path("dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),
     path("health", views.health),
     path("running", views.running),
