@@ -1,6 +1,6 @@
-"""The dashboard's pages under /dashboard/ (the overview stays at `/`): one line per page."""
+"""The dashboard's pages under /dashboard/ (the overview stays at `/`): one line per page,
+each `path("<name>", <module>.page, name="dashboard-<name>")`."""
 
-from django.urls import path
+from django.urls import URLPattern
 
-urlpatterns: list = [
-]
+urlpatterns: list[URLPattern] = []
