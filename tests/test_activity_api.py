@@ -195,3 +195,122 @@ async def test_python_fallback_agrees_with_postgresql(mixed):
                     py[key]["queue_wait_ms"][name])
             assert sql[key]["generation_tps"]["p50"] == pytest.approx(
                 py[key]["generation_tps"]["p50"])
+
+
+# ---- sorting, paging, the page's stats (issue 21) ----------------------------------------
+
+async def test_sort_in_the_database_nulls_last_both_ways(client, mixed):
+    async def order(query: str) -> list[str]:
+        r = await client.get("/api/activity" + query)
+        assert r.status_code == 200, r.content
+        return [d["request_id"] for d in r.json()["data"]]
+
+    rid = [str(x.request_id) for x in mixed]
+    # waits: 10, 20, 30, 40, 2 (beta), NULL (rejected), 9999 (3 h old)
+    assert await order("?sort=queue_wait_ms") == [rid[4], rid[0], rid[1], rid[2], rid[3],
+                                                   rid[6], rid[5]]
+    assert await order("?sort=-queue_wait_ms") == [rid[6], rid[3], rid[2], rid[1], rid[0],
+                                                    rid[4], rid[5]]
+    # the oldest first; with a filter
+    assert await order("?sort=received_at&model=alpha&since=1h") == [
+        rid[5], rid[3], rid[2], rid[1], rid[0]]
+    # tokens/s: 50 (beta), 35, 25, 15, 5, then the two without
+    assert (await order("?sort=-generation_tps"))[:5] == [rid[4], rid[3], rid[2], rid[1],
+                                                         rid[0]]
+    assert (await order("?sort=model"))[-1] == rid[4]  # alpha < beta
+
+
+async def test_pages_do_not_overlap_and_say_whether_more_follow(client, mixed):
+    rid = [str(x.request_id) for x in mixed]
+    seen = []
+    for offset, more in ((0, True), (3, True), (6, False)):
+        r = await client.get(f"/api/activity?limit=3&offset={offset}")
+        body = r.json()
+        assert (body["offset"], body["limit"], body["has_more"]) == (offset, 3, more)
+        assert body["sort"] == "-received_at"
+        seen += [d["request_id"] for d in body["data"]]
+    assert seen == rid  # the fixture's rows are newest first
+    r = await client.get("/api/activity?offset=7")
+    assert r.json()["data"] == [] and r.json()["has_more"] is False
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ("offset=-1", "offset"),
+    ("offset=100001", "offset"),
+    ("offset=x", "offset"),
+    ("sort=error", "sort"),
+    ("sort=--model", "sort"),
+    ("sort=id;drop", "sort"),
+    ("sort=score_parts", "sort"),
+])
+async def test_bad_sort_and_offset_are_400(client, query, param):
+    r = await client.get(f"/api/activity?{query}")
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == param
+    assert r.json()["error"]["code"] == "invalid_parameter"
+
+
+@pytest.fixture
+async def timed():
+    """Five alpha rows in the last hour with hand-picked latencies, one cancelled, one
+    upstream error; loads of alpha at two hours' marks."""
+    rows = [
+        row(1, queue_wait_ms=0.5, ttft_ms=100, duration_ms=1000, band="interactive"),
+        row(2, queue_wait_ms=5, ttft_ms=200, duration_ms=2000),
+        row(3, queue_wait_ms=50, ttft_ms=300, duration_ms=3000),
+        row(4, queue_wait_ms=500, ttft_ms=400, duration_ms=4000,
+            outcome=outcomes.CANCELLED_INFLIGHT),
+        row(5, queue_wait_ms=200_000, outcome=outcomes.UPSTREAM_ERROR, status_code=500),
+    ]
+    await seed(rows)
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+
+    def loads() -> None:
+        from activity.models import ModelEvent
+        ModelEvent.objects.bulk_create([
+            ModelEvent(at=hour - timedelta(hours=2, minutes=-10), model="alpha", kind="load"),
+            ModelEvent(at=hour - timedelta(hours=2, minutes=-50), model="alpha", kind="load"),
+            ModelEvent(at=hour - timedelta(hours=2, minutes=-55), model="beta", kind="load"),
+            ModelEvent(at=hour - timedelta(hours=2, minutes=-56), model="beta", kind="ready"),
+            ModelEvent(at=hour + timedelta(minutes=1), model="alpha", kind="load"),
+        ])
+
+    await runtime.run_db(loads)
+    return hour
+
+
+async def test_stats_latency_percentiles_error_rate_histogram_and_swaps(client, timed):
+    s = (await client.get("/api/activity/stats?since=1d")).json()
+    assert s["total"] == 5
+    assert s["error_rate"] == pytest.approx(1 / 5)  # the 500; a cancel is not an error
+    # ttft 100..400: p50 = 250, p95 = 300 + 0.85 * 100, p99 = 300 + 0.97 * 100
+    assert s["latency_ms"]["ttft_ms"] == pytest.approx({"p50": 250, "p95": 385, "p99": 397})
+    assert s["latency_ms"]["duration_ms"]["p50"] == pytest.approx(2500)
+    # waits 0.5, 5, 50, 500, 200000: p50 = 50, p95 = 500 + 0.8 * 199500
+    assert s["latency_ms"]["queue_wait_ms"]["p50"] == pytest.approx(50)
+    assert s["latency_ms"]["queue_wait_ms"]["p95"] == pytest.approx(160_100)
+    hist = s["queue_wait_histogram"]
+    assert hist["edges_ms"] == [1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000]
+    #                               <1 <3 <10 <30 <100 <300 <1k <3k <10k <30k <100k >=100k
+    assert hist["bands"]["interactive"] == [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert hist["bands"]["normal"] == [0, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 1]
+    two = (timed - timedelta(hours=2)).isoformat().replace("+00:00", "Z")
+    one = (timed + timedelta(hours=0)).isoformat().replace("+00:00", "Z")
+    assert s["swaps_per_hour"] == [{"hour": two, "count": 3}, {"hour": one, "count": 1}]
+    alpha = (await client.get("/api/activity/stats?since=1d&model=alpha")).json()
+    assert alpha["swaps_per_hour"] == [{"hour": two, "count": 2}, {"hour": one, "count": 1}]
+    empty = (await client.get("/api/activity/stats?model=nobody")).json()
+    assert empty["error_rate"] is None
+    assert empty["latency_ms"]["ttft_ms"] == {"p50": None, "p95": None, "p99": None}
+    assert empty["queue_wait_histogram"]["bands"] == {} and empty["swaps_per_hour"] == []
+
+
+async def test_latency_python_fallback_agrees_with_postgresql(timed):
+    from gpuproxy.api import activity as views
+
+    filters = {"received_at__gte": datetime.now(UTC) - timedelta(days=1)}
+    sql = await runtime.run_db(lambda: views._latency_postgresql(filters))
+    py = await runtime.run_db(lambda: views._latency_python(filters))
+    assert py["ttft_ms"] == pytest.approx({"p50": 250, "p95": 385, "p99": 397})
+    for column in views.LATENCIES:
+        assert sql[column] == pytest.approx(py[column])

@@ -1,10 +1,15 @@
 """The activity log's JSON API for the dashboard (`docs/activity.md`).
 
-- `GET /api/activity?model=&band=&outcome=&since=&until=&limit=`: the newest rows first, every
-  column, at most `limit` (1..1000, default 100).
+- `GET /api/activity?model=&band=&outcome=&since=&until=&limit=&offset=&sort=`: every
+  column, at most `limit` rows (1..1000, default 100) after skipping `offset` (0..100000), in
+  the order of `sort` (a column of SORTABLE, `-` for descending, NULLs last; default
+  `-received_at`, the newest first). Ordering and paging happen in the database: the table
+  has millions of rows. `has_more` says whether a next page exists (one row more is read).
 - `GET /api/activity/stats?since=&until=&model=`: over a window (default the last hour):
-  counts per outcome, token sums, and per band and per model the count, p50/p95/p99 of
-  `queue_wait_ms` and p50 of `generation_tps`. Percentiles are `percentile_cont` (linear
+  counts per outcome, the error rate, token sums, p50/p95/p99 of the queue wait, time to
+  first token and duration, per band and per model the count, p50/p95/p99 of
+  `queue_wait_ms` and p50 of `generation_tps`, a log-scale queue-wait histogram per band and
+  the model loads (swaps) per hour. Percentiles are `percentile_cont` (linear
   interpolation, NULLs ignored): in SQL on PostgreSQL, the same formula in Python on SQLite.
 
 `since`/`until` take an ISO 8601 time or date (naive means UTC) or a relative age like `30m`,
@@ -21,20 +26,37 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import TruncHour
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
-from activity import outcomes
-from activity.models import RequestLog
+from activity import events, outcomes
+from activity.models import ModelEvent, RequestLog
 from gpuproxy.api.decorators import api_view, json_error
 from gpuproxy.shell import runtime
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+# An offset is read and thrown away by the database: past this, narrow the window instead.
+MAX_OFFSET = 100_000
+DEFAULT_SORT = "-received_at"
+#: The columns `sort` takes: those the page sorts by (no JSON, no free text but the model).
+SORTABLE = ("received_at", "model", "band", "outcome", "status_code", "priority",
+            "queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms", "input_tokens",
+            "cached_tokens", "output_tokens", "prompt_tps", "generation_tps")
+#: Upper edges (ms) of the queue-wait histogram's buckets, log scale; a last bucket holds
+#: the waits at or above the last edge.
+WAIT_EDGES_MS = (1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000)
+#: Outcomes that are not errors for the error rate: served, or the client or an operator
+#: gave up (nothing failed).
+NOT_ERRORS = (outcomes.OK, outcomes.CANCELLED_QUEUED, outcomes.CANCELLED_INFLIGHT,
+              outcomes.CANCELLED_BY_ADMIN)
+LATENCIES = ("queue_wait_ms", "ttft_ms", "duration_ms")
 DEFAULT_STATS_WINDOW = dt.timedelta(hours=1)
 PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
@@ -105,6 +127,41 @@ def parse_limit(value: str | None) -> int:
     return n
 
 
+def _bounded_int(param: str, value: str | None, default: int, lo: int, hi: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise BadParameter(param, f"{param}={value!r} is not an integer ({lo}..{hi})") from None
+    if not lo <= n <= hi:
+        raise BadParameter(param, f"{param}={n} is out of range: {lo}..{hi}")
+    return n
+
+
+def parse_offset(value: str | None) -> int:
+    return _bounded_int("offset", value, 0, 0, MAX_OFFSET)
+
+
+def parse_sort(value: str | None) -> str:
+    """`column` or `-column`, a column of SORTABLE."""
+    if not value:
+        return DEFAULT_SORT
+    if value.lstrip("-") not in SORTABLE or value.startswith("--"):
+        raise BadParameter("sort", f"sort={value!r} is not one of: {', '.join(SORTABLE)} "
+                                   "(a leading - sorts descending)")
+    return value
+
+
+def ordering(sort: str) -> list[Any]:
+    """NULLs last either way (a request that never started has no ttft, and is not the
+    fastest nor the slowest), then the id, so that pages never overlap."""
+    column = sort.lstrip("-")
+    if sort.startswith("-"):
+        return [F(column).desc(nulls_last=True), F("id").desc()]
+    return [F(column).asc(nulls_last=True), F("id").asc()]
+
+
 def parse_window(query, now: dt.datetime, default_since: dt.datetime | None
                  ) -> tuple[dt.datetime | None, dt.datetime | None]:
     since = parse_time("since", query["since"], now) if query.get("since") else default_since
@@ -149,22 +206,33 @@ def _filters(since: dt.datetime | None, until: dt.datetime | None,
 async def activity_list(request: HttpRequest) -> HttpResponse:
     q = request.GET
     try:
-        limit = parse_limit(q.get("limit"))
-        since, until = parse_window(q, timezone.now(), None)
-        filters = _filters(since, until, model=_text(q, "model"), band=_text(q, "band"),
-                           outcome=parse_outcome(q.get("outcome")))
+        page = list_query(q)
     except BadParameter as exc:
         return bad_parameter(exc)
-
-    def fetch() -> list[dict[str, Any]]:
-        qs = RequestLog.objects.filter(**filters).order_by("-received_at", "-id")
-        return [dict(row) for row in qs.values()[:limit]]
-
     try:
-        rows = await runtime.run_db(fetch)
+        body = await runtime.run_db(page)
     except (OperationalError, InterfaceError) as exc:  # the connection, not the query
         return database_unavailable(exc)
-    return JsonResponse({"data": rows, "limit": limit})
+    return JsonResponse(body)
+
+
+def list_query(q) -> Callable[[], dict[str, Any]]:
+    """The parameters checked (BadParameter), and the read to run on the database thread:
+    shared with the dashboard's Activity page (dashboard/pages/activity.py)."""
+    limit = parse_limit(q.get("limit"))
+    offset = parse_offset(q.get("offset"))
+    sort = parse_sort(q.get("sort"))
+    since, until = parse_window(q, timezone.now(), None)
+    filters = _filters(since, until, model=_text(q, "model"), band=_text(q, "band"),
+                       outcome=parse_outcome(q.get("outcome")))
+
+    def fetch() -> dict[str, Any]:
+        qs = RequestLog.objects.filter(**filters).order_by(*ordering(sort))
+        rows = [dict(row) for row in qs.values()[offset:offset + limit + 1]]
+        return {"data": rows[:limit], "limit": limit, "offset": offset, "sort": sort,
+                "has_more": len(rows) > limit}
+
+    return fetch
 
 
 # ---- GET /api/activity/stats ----------------------------------------------------------------
@@ -186,8 +254,7 @@ def _group_entry(count: int, waits: dict[str, float | None], tps_p50: float | No
     return {"count": count, "queue_wait_ms": waits, "generation_tps": {"p50": tps_p50}}
 
 
-def _groups_postgresql(column: str, filters: dict[str, Any]) -> dict[str, dict]:
-    assert column in ("band", "model")
+def _where(filters: dict[str, Any]) -> tuple[list[str], list[Any]]:
     where, params = ["received_at >= %s"], [filters["received_at__gte"]]
     if "received_at__lt" in filters:
         where.append("received_at < %s")
@@ -195,6 +262,12 @@ def _groups_postgresql(column: str, filters: dict[str, Any]) -> dict[str, dict]:
     if "model" in filters:
         where.append("model = %s")
         params.append(filters["model"])
+    return where, params
+
+
+def _groups_postgresql(column: str, filters: dict[str, Any]) -> dict[str, dict]:
+    assert column in ("band", "model")
+    where, params = _where(filters)
     pct = ", ".join(f"percentile_cont({f}) WITHIN GROUP (ORDER BY queue_wait_ms)"
                     for _, f in PERCENTILES)
     sql = (f"SELECT {column}, count(*), {pct}, "
@@ -227,6 +300,61 @@ def _groups_python(column: str, filters: dict[str, Any]) -> dict[str, dict]:
             for key, (n, waits, speeds) in sorted(acc.items())}
 
 
+def _latency_postgresql(filters: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    where, params = _where(filters)
+    pct = ", ".join(f"percentile_cont({f}) WITHIN GROUP (ORDER BY {column})"
+                    for column in LATENCIES for _, f in PERCENTILES)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {pct} FROM activity_requestlog WHERE {' AND '.join(where)}",
+                       params)
+        values = iter(cursor.fetchone())
+    return {column: {name: next(values) for name, _ in PERCENTILES} for column in LATENCIES}
+
+
+def _latency_python(filters: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """The fallback (SQLite has no percentile_cont)."""
+    acc: dict[str, list[float]] = {column: [] for column in LATENCIES}
+    for values in (RequestLog.objects.filter(**filters).values_list(*LATENCIES)
+                   .iterator(chunk_size=5000)):
+        for column, value in zip(LATENCIES, values, strict=True):
+            if value is not None:
+                acc[column].append(value)
+    return {column: {name: percentile_cont(acc[column], f) for name, f in PERCENTILES}
+            for column in LATENCIES}
+
+
+def wait_histogram(filters: dict[str, Any]) -> dict[str, Any]:
+    """Per band, the count of waits in each bucket, counted in the database (one pass,
+    portable SQL: a filtered COUNT per bucket)."""
+    lows = (None, *WAIT_EDGES_MS)
+    highs = (*WAIT_EDGES_MS, None)
+    buckets = {}
+    for i, (lo, hi) in enumerate(zip(lows, highs, strict=True)):
+        q = Q(queue_wait_ms__isnull=False)
+        if lo is not None:
+            q &= Q(queue_wait_ms__gte=lo)
+        if hi is not None:
+            q &= Q(queue_wait_ms__lt=hi)
+        buckets[f"b{i}"] = Count("id", filter=q)
+    rows = (RequestLog.objects.filter(**filters).values("band").annotate(**buckets)
+            .order_by("band").values_list("band", *buckets))
+    return {"edges_ms": list(WAIT_EDGES_MS),
+            "bands": {band: list(counts) for band, *counts in rows}}
+
+
+def swaps_per_hour(filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """Model loads (activity_modelevent kind='load') per UTC hour, hours without one left
+    out."""
+    f: dict[str, Any] = {"kind": events.LOAD, "at__gte": filters["received_at__gte"]}
+    if "received_at__lt" in filters:
+        f["at__lt"] = filters["received_at__lt"]
+    if "model" in filters:
+        f["model"] = filters["model"]
+    rows = (ModelEvent.objects.filter(**f).annotate(hour=TruncHour("at", tzinfo=dt.UTC))
+            .values("hour").annotate(n=Count("id")).order_by("hour"))
+    return [{"hour": row["hour"], "count": row["n"]} for row in rows]
+
+
 def compute_stats(filters: dict[str, Any]) -> dict[str, Any]:
     qs = RequestLog.objects.filter(**filters)
     by_outcome = {o: 0 for o in outcomes.ALL}
@@ -238,11 +366,19 @@ def compute_stats(filters: dict[str, Any]) -> dict[str, Any]:
                           cached=Sum("cached_tokens"), input=Sum("input_tokens"),
                           output=Sum("output_tokens"), draft=Sum("draft_tokens"),
                           draft_accepted=Sum("draft_accepted_tokens"))
-    groups = (_groups_postgresql if connection.vendor == "postgresql" else _groups_python)
+    postgresql = connection.vendor == "postgresql"
+    groups = _groups_postgresql if postgresql else _groups_python
+    latency = _latency_postgresql if postgresql else _latency_python
+    total = sum(by_outcome.values())
+    errors = total - sum(by_outcome[o] for o in NOT_ERRORS)
     return {
-        "total": sum(by_outcome.values()),
+        "total": total,
         "outcomes": by_outcome,
+        "error_rate": errors / total if total else None,
         "tokens": {k: v or 0 for k, v in tokens.items()},
+        "latency_ms": latency(filters),
+        "queue_wait_histogram": wait_histogram(filters),
+        "swaps_per_hour": swaps_per_hour(filters),
         "bands": groups("band", filters),
         "models": groups("model", filters),
     }
@@ -250,18 +386,27 @@ def compute_stats(filters: dict[str, Any]) -> dict[str, Any]:
 
 @api_view(("GET",))
 async def activity_stats(request: HttpRequest) -> HttpResponse:
-    q = request.GET
-    now = timezone.now()
     try:
-        since, until = parse_window(q, now, now - DEFAULT_STATS_WINDOW)
-        model = _text(q, "model")
+        stats = stats_query(request.GET)
     except BadParameter as exc:
         return bad_parameter(exc)
-    assert since is not None
-    filters = _filters(since, until, model=model)
     try:
-        stats = await runtime.run_db(lambda: compute_stats(filters))
+        body = await runtime.run_db(stats)
     except (OperationalError, InterfaceError) as exc:  # the connection, not the query
         return database_unavailable(exc)
-    return JsonResponse({"window": {"since": since, "until": until or now}, "model": model,
-                         **stats})
+    return JsonResponse(body)
+
+
+def stats_query(q) -> Callable[[], dict[str, Any]]:
+    """As `list_query`, for the stats."""
+    now = timezone.now()
+    since, until = parse_window(q, now, now - DEFAULT_STATS_WINDOW)
+    model = _text(q, "model")
+    assert since is not None
+    filters = _filters(since, until, model=model)
+
+    def fetch() -> dict[str, Any]:
+        return {"window": {"since": since, "until": until or now}, "model": model,
+                **compute_stats(filters)}
+
+    return fetch
