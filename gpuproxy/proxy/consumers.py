@@ -27,8 +27,8 @@ from activity import captures, outcomes
 from activity.record import RequestRecord
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, metrics
-from gpuproxy.proxy import peers, urgency
-from gpuproxy.proxy.auth import KeyRefusal, authorize, credential_drop
+from gpuproxy.proxy import peers, staff_session, urgency
+from gpuproxy.proxy.auth import KeyRefusal
 from gpuproxy.proxy.client_ip import client_ip
 from gpuproxy.proxy.errors import error_body, for_path
 from gpuproxy.proxy.exchange import CLIENT_CLOSED, JSON, UpstreamExchange
@@ -264,10 +264,9 @@ class ProxyConsumer(UpstreamExchange):
         path: str = self.scope["path"]
         method: str = self.scope["method"]
         if catalog.api_keys:
-            who = authorize(headers.get(b"authorization", b"").decode("latin-1"),
-                            headers.get(b"x-api-key", b"").decode("latin-1"),
-                            catalog.api_keys, catalog.admin_keys,
-                            admin=proxy_path_needs_admin(path), path=path)
+            who = await staff_session.authorize_proxy(  # a key, or a staff session's
+                self.scope, headers, catalog.api_keys, catalog.admin_keys,
+                admin=proxy_path_needs_admin(path))
             if isinstance(who, KeyRefusal):
                 if who.caller is not None:
                     self.rec.client = who.caller.name
@@ -276,8 +275,7 @@ class ProxyConsumer(UpstreamExchange):
                                       for k, v in who.headers.items()],
                                      outcome=outcomes.UNAUTHORIZED)
                 return
-            self.rec.client = who.name
-            self._drop = credential_drop(headers, who.key)
+            self.rec.client, self._drop = who
         malformed = self.malformed(path)
         if malformed is not None:
             await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)

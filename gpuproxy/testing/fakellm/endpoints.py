@@ -143,7 +143,8 @@ class FakeLLM(Generator):
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        await self._send_json(writer, 200, dumps({"body": self.last_body}),
+        seen = {"body": self.last_body, "headers": self.last_headers}
+        await self._send_json(writer, 200, dumps(seen),
                               keep_alive=req.keep_alive, http10=req.http10)
 
     async def _open_gate(

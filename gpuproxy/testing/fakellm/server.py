@@ -142,6 +142,7 @@ class HttpServer:
         #: The last JSON body a model endpoint received (`GET /fake/last-body`): tests check
         #: what the proxy sent upstream (filters, forwarded priority).
         self.last_body: dict[str, Any] | None = None
+        self.last_headers: dict[str, str] = {}  # the last POST's, as /fake/last-body's "headers"
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -375,7 +376,7 @@ class HttpServer:
                 if not isinstance(body, dict):
                     raise HttpError(400, "request body must be a JSON object")
                 if not req.path.startswith("/fake/"):
-                    self.last_body = body
+                    self.last_body, self.last_headers = body, dict(req.headers)
             await handler(req, body, reader, writer)
         except HttpError as exc:
             await self._send_error(
