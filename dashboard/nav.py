@@ -9,6 +9,7 @@ from django.http import HttpRequest
 
 PAGES: list[tuple[str, str]] = [
     ("dashboard", "Overview"),
+    ("dashboard-activity", "Activity"),
 ]
 
 

@@ -1,6 +1,10 @@
 """The dashboard's pages under /dashboard/ (the overview stays at `/`): one line per page,
 each `path("<name>", <module>.page, name="dashboard-<name>")`."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from dashboard.pages import activity
+
+urlpatterns: list[URLPattern] = [
+    path("activity", activity.page, name="dashboard-activity"),
+]

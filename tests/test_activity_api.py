@@ -314,3 +314,58 @@ async def test_latency_python_fallback_agrees_with_postgresql(timed):
     assert py["ttft_ms"] == pytest.approx({"p50": 250, "p95": 385, "p99": 397})
     for column in views.LATENCIES:
         assert sql[column] == pytest.approx(py[column])
+
+
+# ---- the dashboard's Activity page reads the same with a staff session ---------------------
+
+@pytest.fixture
+async def session_client(client):
+    """The test client does not close connections after a request (Django disconnects that
+    for tests): the session and user lookups leave one open on asgiref's thread, closed here
+    so the test database can be dropped."""
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    yield client
+    await sync_to_async(connections.close_all)()
+
+
+async def log_in(client: AsyncClient, staff: bool) -> None:
+    from django.contrib.auth.models import User
+
+    def run() -> None:
+        user = User.objects.create_user("staff" if staff else "someone", password="pw",
+                                        is_staff=staff)
+        client.force_login(user)
+
+    await runtime.run_db(run)
+
+
+@pytest.mark.urls("gpuproxy.urls")
+async def test_page_data_answers_staff_as_the_api_does(session_client, mixed):
+    client = session_client
+    await log_in(client, staff=True)
+    query = "?sort=queue_wait_ms&limit=3&offset=1&model=alpha"
+    page = await client.get("/dashboard/activity/rows" + query)
+    api = await client.get("/api/activity" + query)
+    assert page.status_code == 200 and page.json() == api.json()
+    # waits of alpha: 10, 20, 30, 40, 9999, NULL; the second to the fourth
+    assert [d["queue_wait_ms"] for d in page.json()["data"]] == [20, 30, 40]
+    stats = await client.get("/dashboard/activity/stats?since=1d")
+    assert stats.status_code == 200 and stats.json()["total"] == 7
+    bad = await client.get("/dashboard/activity/rows?sort=nope")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "sort"
+    other = await client.get("/dashboard/activity/everything")
+    assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+    assert (await client.post("/dashboard/activity/rows")).status_code == 405
+
+
+@pytest.mark.urls("gpuproxy.urls")
+async def test_page_data_sends_everyone_else_to_the_login(session_client, mixed):
+    client = session_client
+    for who in (None, False):
+        if who is not None:
+            await log_in(client, staff=who)
+        r = await client.get("/dashboard/activity/rows")
+        assert r.status_code == 302
+        assert r["Location"].startswith("/admin/login/?next=/dashboard/activity/rows")

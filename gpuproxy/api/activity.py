@@ -12,6 +12,13 @@
   the model loads (swaps) per hour. Percentiles are `percentile_cont` (linear
   interpolation, NULLs ignored): in SQL on PostgreSQL, the same formula in Python on SQLite.
 
+`/dashboard/activity/rows` and `/dashboard/activity/stats` (`page_data`) answer the same
+queries to the dashboard's Activity page: a logged-in staff member's session instead of an
+API key (the page never holds one; once keys are defined the two paths above refuse it).
+They are GETs that change nothing, and a foreign page cannot read their answers (no CORS
+credentials, docs/security.md), so the session alone suffices, unlike the playground's POSTs
+(gpuproxy/proxy/staff_session.py). Anyone else gets the admin's login.
+
 `since`/`until` take an ISO 8601 time or date (naive means UTC) or a relative age like `30m`,
 `1h`, `7d`. The ORM runs on the dedicated database thread (`runtime.run_db`), never here.
 
@@ -29,6 +36,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from django.contrib.admin.views.decorators import staff_member_required
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncHour
@@ -410,3 +418,31 @@ def stats_query(q) -> Callable[[], dict[str, Any]]:
                 **compute_stats(filters)}
 
     return fetch
+
+
+# ---- the dashboard's Activity page ---------------------------------------------------------
+
+PAGE_QUERIES = {"rows": list_query, "stats": stats_query}
+
+
+@staff_member_required
+async def page_data(request: HttpRequest, what: str) -> HttpResponse:
+    """`rows` or `stats`: what `/api/activity` or `/api/activity/stats` answers to the same
+    query string, errors included."""
+    if request.method != "GET":
+        return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
+                          code="method_not_allowed", headers={"Allow": "GET"})
+    query = PAGE_QUERIES.get(what)
+    if query is None:
+        return json_error(404, f"{request.path} is not a page of activity data: "
+                               "/dashboard/activity/rows or /dashboard/activity/stats",
+                          code="not_found")
+    try:
+        read = query(request.GET)
+    except BadParameter as exc:
+        return bad_parameter(exc)
+    try:
+        body = await runtime.run_db(read)
+    except (OperationalError, InterfaceError) as exc:  # the connection, not the query
+        return database_unavailable(exc)
+    return JsonResponse(body)
