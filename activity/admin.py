@@ -2,8 +2,12 @@
 
 - No exact COUNT(*): the paginator estimates an unfiltered table from PostgreSQL's statistics
   (`pg_class.reltuples`) and caps a filtered count at `COUNT_CAP` rows.
-- Default ordering is `-id` (newest first via the primary key: "latest N" reads N index entries).
+- Default ordering is `-received_at` (newest arrival first; id order is finish order, where
+  times look shuffled), paged by `admin_time.TimeBoundedPaginator`, which bounds the time
+  through the primary key first so the BRIN index, not a sort of the table, finds a page.
   Column sorting is off, since sorting 10M rows by a non-btree column is a full sort.
+- Times show seconds (milliseconds on a row's page) and durations read "2 min 42 s"
+  (`admin_time`), not the admin's minute-only dates and raw milliseconds.
 - The model and band filters list their distinct values with a loose index scan over the
   (model, received_at) / (band, received_at) indexes, not a `SELECT DISTINCT` over the table;
   the status filter offers a fixed list (status_code has no index).
@@ -32,6 +36,14 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from activity import endpoints, partitions
+from activity.admin_time import (
+    TimeBoundedPaginator,
+    at_millis,
+    at_seconds,
+    exact_ms,
+    human_ms,
+    shown,
+)
 from activity.management.commands.activity_export import COLUMNS, iter_csv
 from activity.models import ModelEvent, RequestLog
 
@@ -153,7 +165,14 @@ class EndpointFilter(admin.SimpleListFilter):
         return queryset
 
 
+class RequestLogPaginator(TimeBoundedPaginator, EstimatedCountPaginator):
+    time_field = "received_at"
+
+
 ALL_FIELDS = [f.name for f in RequestLog._meta.concrete_fields]
+#: the request log's time and duration fields, each shown by a `<field>_shown` column
+TIMES = ("received_at", "dispatched_at", "first_byte_at", "finished_at")
+DURATIONS = ("queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms")
 
 
 class ReadOnlyLog(admin.ModelAdmin):
@@ -193,21 +212,22 @@ class ReadOnlyLog(admin.ModelAdmin):
 
 @admin.register(RequestLog)
 class RequestLogAdmin(ReadOnlyLog):
-    list_display = ("received_at", "model", "endpoint", "band", "priority_shown", "outcome",
-                    "status_code", "queue_wait_ms", "swap_ms", "duration_ms", "input_tokens",
-                    "output_tokens", "generation_tps", "client")
+    list_display = ("received", "model", "endpoint", "band", "priority_shown", "outcome",
+                    "status_code", "queue_wait", "swap", "duration", "input_tokens",
+                    "output_tokens", "tps", "client")
     list_filter = (ModelFilter, EndpointFilter, BandFilter, "outcome", StatusFilter, "stream")
     date_hierarchy = "received_at"
     search_fields = ("request_id", "model", "client", "end_user", "client_ip")
     search_help_text = ("a request id, or a model, client, end user or client address "
                         "(all exact)")
-    ordering = ("-id",)
+    ordering = ("-received_at", "-id")
     sortable_by = ()
     list_per_page = 100
     show_full_result_count = False
-    paginator = EstimatedCountPaginator
+    paginator = RequestLogPaginator
     actions = ("export_csv",)
-    readonly_fields = (*ALL_FIELDS, "score_breakdown")
+    readonly_fields = (*ALL_FIELDS, "score_breakdown",
+                       *(f"{f}_shown" for f in (*TIMES, *DURATIONS)))
     fieldsets = (
         (None, {"fields": ("request_id", "outcome", "status_code", "error", "client",
                            "client_ip", "end_user", "user_agent")}),
@@ -215,8 +235,7 @@ class RequestLogAdmin(ReadOnlyLog):
                                 "stream", "upstream_retries")}),
         ("Scheduling", {"fields": ("scheduler", "priority_asked", "priority", "band", "score",
                                    "score_breakdown", "score_parts")}),
-        ("Timing", {"fields": ("received_at", "dispatched_at", "first_byte_at", "finished_at",
-                               "queue_wait_ms", "swap_ms", "ttft_ms", "duration_ms")}),
+        ("Timing", {"fields": tuple(f"{f}_shown" for f in (*TIMES, *DURATIONS))}),
         ("Tokens", {"fields": ("input_tokens", "cached_tokens", "output_tokens",
                                "output_tokens_counted", "draft_tokens", "draft_accepted_tokens",
                                "prompt_tps", "generation_tps")}),
@@ -229,6 +248,24 @@ class RequestLogAdmin(ReadOnlyLog):
 
     search_other = ("model", "client", "end_user")
     search_address = ("client_ip",)
+
+    # the list: seconds and human durations; a row's page: milliseconds and exact values
+    received = shown("received_at", "received at", at_seconds)
+    queue_wait = shown("queue_wait_ms", "queue wait", human_ms)
+    swap = shown("swap_ms", "swap", human_ms)
+    duration = shown("duration_ms", "duration", human_ms)
+    received_at_shown = shown("received_at", "received at", at_millis)
+    dispatched_at_shown = shown("dispatched_at", "dispatched at", at_millis)
+    first_byte_at_shown = shown("first_byte_at", "first byte at", at_millis)
+    finished_at_shown = shown("finished_at", "finished at", at_millis)
+    queue_wait_ms_shown = shown("queue_wait_ms", "queue wait", exact_ms)
+    swap_ms_shown = shown("swap_ms", "swap", exact_ms)
+    ttft_ms_shown = shown("ttft_ms", "time to first token", exact_ms)
+    duration_ms_shown = shown("duration_ms", "duration", exact_ms)
+
+    @admin.display(description="gen. tok/s")
+    def tps(self, obj: RequestLog) -> str | None:
+        return None if obj.generation_tps is None else f"{obj.generation_tps:.1f}"
 
     @admin.display(description="priority")
     def priority_shown(self, obj: RequestLog) -> str:
@@ -284,17 +321,24 @@ class ModelEventAdmin(ReadOnlyLog):
     """The model events, newest first: read-only like the request log, and as cheap on a big
     table (no exact count, no column sorting, the model filter by a loose index scan)."""
 
-    list_display = ("at", "model", "kind", "reason", "pid", "duration_ms", "detail",
+    list_display = ("when", "model", "kind", "reason", "pid", "duration", "detail",
                     "request_id")
     list_filter = (ModelFilter, "kind", "reason")
     date_hierarchy = "at"
     search_fields = ("request_id", "model")
     search_help_text = "a request id (exact), or a model id (exact)"
-    ordering = ("-id",)
+    ordering = ("-at", "-id")  # the `at` btree (activity_me_time) reads it in order
     sortable_by = ()
     list_per_page = 100
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    readonly_fields = tuple(f.name for f in ModelEvent._meta.concrete_fields)
+    fields = ("at_shown", "model", "kind", "reason", "pid", "duration_ms_shown", "detail",
+              "request_id", "id")
+    readonly_fields = fields
 
     search_other = ("model",)
+
+    when = shown("at", "at", at_seconds)
+    duration = shown("duration_ms", "duration", human_ms)
+    at_shown = shown("at", "at", at_millis)
+    duration_ms_shown = shown("duration_ms", "duration", exact_ms)

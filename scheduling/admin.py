@@ -19,9 +19,10 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from scheduling import admin_defaults
 from scheduling import live as control
 from scheduling.admin_routing import (  # the routing pages register themselves on import
     ROUTING_FIELDSET,
@@ -31,6 +32,7 @@ from scheduling.admin_routing import (  # the routing pages register themselves 
     ProxySettingsForm,
     RoutingAdmin,
 )
+from scheduling.catalog import url_host
 from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
 
@@ -119,9 +121,11 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
 @admin.register(ModelDefinition)
 class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     form = ModelDefinitionForm
-    # "live_state" is replaced per request by a column that reads the proxy once per page
-    list_display = ("model_id", "name", "live_state", "enabled", "group", "proxy", "ttl",
-                    "concurrency_limit", "slots")
+    # "live_state" and "ttl_shown" are replaced per request by columns that read the proxy
+    # and the settings once per page. Narrow enough for a 1366 px screen: the name under the
+    # id, the upstream as host:port, the defaults in words that wrap.
+    list_display = ("model_shown", "live_state", "enabled", "group", "upstream", "ttl_shown",
+                    "concurrency", "slots")
     list_filter = ("enabled", "group")
     search_fields = ("model_id", "name", "description")
     list_select_related = ("group",)
@@ -165,12 +169,35 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
         def live_state(obj: ModelDefinition) -> str | SafeString:
             return describe_live(obj, _request_live(request))
 
-        return tuple(live_state if name == "live_state" else name for name in self.list_display)
+        @admin.display(description="ttl", ordering="ttl")
+        def ttl_shown(obj: ModelDefinition) -> str:
+            settings = getattr(request, "_gpuproxy_settings", None) or ProxySettings.load()
+            return admin_defaults.ttl(obj.ttl, settings.global_ttl)
+
+        columns = {"live_state": live_state, "ttl_shown": ttl_shown}
+        return tuple(columns.get(name, name) for name in self.list_display)
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
-        # one read of the proxy for the whole page, not one per row
+        # one read of the proxy and the settings for the whole page, not one per row
         setattr(request, "_gpuproxy_live", LiveView.read())  # noqa: B010
+        setattr(request, "_gpuproxy_settings", ProxySettings.load())  # noqa: B010
         return super().changelist_view(request, extra_context)
+
+    @admin.display(description="model", ordering="model_id")
+    def model_shown(self, obj: ModelDefinition) -> SafeString:
+        if obj.name and obj.name != obj.model_id:
+            return format_html('{}<br><span class="quiet">{}</span>', obj.model_id, obj.name)
+        return format_html("{}", obj.model_id)
+
+    @admin.display(description="upstream", ordering="proxy")
+    def upstream(self, obj: ModelDefinition) -> SafeString:
+        """host:port, the whole URL on hover: the scheme and `${PORT}` templates made the
+        column the widest on the page."""
+        return format_html('<span title="{}">{}</span>', obj.proxy, url_host(obj.proxy))
+
+    @admin.display(description="concurrency", ordering="concurrency_limit")
+    def concurrency(self, obj: ModelDefinition) -> str:
+        return admin_defaults.concurrency(obj.concurrency_limit)
 
     @admin.display(description="slots")
     def slots(self, obj: ModelDefinition | None) -> str:
@@ -288,7 +315,7 @@ class ProxySettingsAdmin(RoutingAdmin):
     """
 
     form = ProxySettingsForm
-    readonly_fields = ("version",)
+    readonly_fields = ("version", "defaults_in_force")
     fieldsets = (
         ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus")}),
         ("Models", {"fields": ("health_check_timeout", "global_ttl", "unload_timeout",
@@ -311,6 +338,10 @@ class ProxySettingsAdmin(RoutingAdmin):
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),
         ("Captures", {"fields": ("capture_buffer_mb",)}),
+        ("What 0 and empty mean now", {
+            "fields": ("defaults_in_force",),
+            "description": "The saved values above that stand for a default or for no "
+                           "limit, and what each does with the values saved."}),
         ("Version", {"fields": ("version",),
                      "description": "Counts the saves; every save bumps it."}),
     )
@@ -320,6 +351,12 @@ class ProxySettingsAdmin(RoutingAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+    @admin.display(description="in force")
+    def defaults_in_force(self, obj: ProxySettings | None) -> SafeString:
+        lines = admin_defaults.settings_meanings(obj or ProxySettings.load())
+        return format_html('<ul class="defaults-in-force" data-testid="defaults-in-force">{}'
+                           "</ul>", format_html_join("", "<li>{}</li>", ((x,) for x in lines)))
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
         obj = ProxySettings.load()
