@@ -2,6 +2,13 @@
 
 The table and column names are a contract for analysts (`docs/activity.md`); what each column
 means is written once, in `activity/columns.py`, which `described` puts on the fields.
+
+On PostgreSQL `activity_requestlog` and `activity_modelevent` are partitioned by month on
+`received_at` and `at` (migration 0009; Django's state does not know). Adding, removing or
+altering other columns and indexes works as usual; altering or renaming the partition key, a
+unique constraint without it, a foreign key to these tables and a concurrent index do not:
+PostgreSQL refuses them on a partitioned table, and `activity/partitions.py` names the key and
+the partitions. Write such a change by hand, as 0009 and 0010 are.
 """
 
 from __future__ import annotations

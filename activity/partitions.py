@@ -29,7 +29,7 @@ RETRY_AFTER = 600.0  # after a failed check
 LOCK_TIMEOUT = "5s"  # DDL gives up rather than queue every insert behind a long query
 
 _LIST_SQL = """
-SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default,
+SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default,
        CASE WHEN b[1] = 'MINVALUE' THEN NULL ELSE trim(both '''' from b[1])::timestamptz END,
        CASE WHEN b[2] = 'MAXVALUE' THEN NULL ELSE trim(both '''' from b[2])::timestamptz END,
        c.reltuples::bigint
@@ -134,9 +134,15 @@ def create_month(table: str, month: dt.datetime, using: str = "default") -> int 
             return None
         cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
                        f"INCLUDING STORAGE INCLUDING COMPRESSION)")
+        # by name, not position: the two tables' column orders could differ after later DDL
+        cursor.execute("SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) "
+                       "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                       "AND NOT attisdropped", [table])
+        (columns,) = cursor.fetchone()
         cursor.execute(
             f"WITH moved AS (DELETE FROM {table}_default WHERE {key} >= %s AND {key} < %s "
-            f"RETURNING *) INSERT INTO {name} SELECT * FROM moved", [lo, hi])
+            f"RETURNING {columns}) INSERT INTO {name} ({columns}) SELECT {columns} FROM moved",
+            [lo, hi])
         moved = max(cursor.rowcount, 0)
         cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM (%s) "
                        f"TO (%s)", [lo, hi])

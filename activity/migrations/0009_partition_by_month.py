@@ -8,7 +8,9 @@ primary key: `(id, received_at)`), so Django's state keeps `id` as the primary k
 migration changes only the database (`SeparateDatabaseAndState` with no state operations):
 `makemigrations --check` stays clean, and the ORM reads and writes through the parent as before.
 
-Per table, under one ACCESS EXCLUSIVE lock (the writers buffer meanwhile):
+Both tables are locked first, in one statement (ACCESS EXCLUSIVE; the writers buffer
+meanwhile), waiting at most 30 s behind a long query: past that the migration fails, having
+changed nothing, with the remedy. Then, per table:
 
 1. The existing table is renamed `<table>_legacy`, its indexes `<index>_legacy`; its identity
    is dropped (PostgreSQL 17 refuses to attach a table with its own identity) after its next
@@ -17,13 +19,15 @@ Per table, under one ACCESS EXCLUSIVE lock (the writers buffer meanwhile):
 2. The partitioned parent is created with the old name and columns (`LIKE`, comments and
    defaults included), an identity that continues after the old one, the same index names
    (so Django's state still matches), and the primary key `(id, key)`.
-3. A table with rows is attached as it is, no copy: a CHECK (key < B) is added NOT VALID then
+3. A DEFAULT partition (a row no monthly partition takes lands there, never refused), and
+   the monthly partitions from B (below; this month when the table was empty) through two
+   months ahead; `activity/partitions.py` keeps creating them ahead at run time.
+4. A table with rows is attached as it is, no copy: a CHECK (key < B) is added NOT VALID then
    validated (a read, under the lock already held), so ATTACH PARTITION ... FROM (MINVALUE)
-   TO (B) needs no scan of its own; B is the first day of the month after both now and the
-   newest row. An empty table is dropped instead: it would only be a partition to drop later.
-4. A DEFAULT partition (a row no monthly partition takes lands there, never refused), and
-   the monthly partitions from the current month (or B) through two months ahead;
-   `activity/partitions.py` keeps creating them ahead at run time.
+   TO (B) needs no scan of its own; B is the first day of next month. Rows dated B or later
+   (a clock in the future) are moved to their month or DEFAULT first, so that one bad row
+   cannot stretch the legacy partition over the months to come. An empty table is dropped
+   instead: it would only be a partition to drop later.
 
 The SQL stays here, not imported from the app, so that this migration does what it did when
 it was written. The reverse copies the rows back into a plain table (slow on a big table,
@@ -34,11 +38,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import migrations
+from django.db import OperationalError, migrations
 
 # table -> partition key; the primary key constraint and identity follow Django's names
 TABLES = {"activity_requestlog": "received_at", "activity_modelevent": "at"}
 MONTHS_AHEAD = 2  # beyond the current month, created here; the writer keeps it so
+LOCK_TIMEOUT = "30s"
 
 
 def _month_start(t: dt.datetime) -> dt.datetime:
@@ -79,11 +84,10 @@ def _indexes(cursor, table: str) -> list[tuple[str, str]]:
 
 
 def _partition(cursor, table: str, key: str, now: dt.datetime) -> None:
+    """One table (locked by `forward`) becomes a partitioned one, its rows untouched."""
     legacy = f"{table}_legacy"
-    cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
     next_id = _next_id(cursor, table)
     (has_rows,) = _one(cursor, f"SELECT EXISTS (SELECT 1 FROM {table})")
-    (newest,) = _one(cursor, f"SELECT max({key}) FROM {table}") if has_rows else (None,)
     indexes = _indexes(cursor, table)  # their statements name `table`: the parent, later
 
     # 1. the existing table steps aside
@@ -103,24 +107,10 @@ def _partition(cursor, table: str, key: str, now: dt.datetime) -> None:
     for _, create in indexes:
         cursor.execute(create)
 
-    # 3. the rows stay where they are: the old table is the first partition
-    month = _month_start(now)
-    if has_rows:
-        bound = _next_month(max(now, newest))
-        cursor.execute(f"ALTER TABLE {legacy} ADD CONSTRAINT {legacy}_pkey "
-                       f"PRIMARY KEY (id, {key})")
-        cursor.execute(f"ALTER TABLE {legacy} ADD CONSTRAINT {legacy}_bound "
-                       f"CHECK ({key} < {_literal(bound)}) NOT VALID")
-        cursor.execute(f"ALTER TABLE {legacy} VALIDATE CONSTRAINT {legacy}_bound")
-        cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {legacy} "
-                       f"FOR VALUES FROM (MINVALUE) TO ({_literal(bound)})")
-        cursor.execute(f"ALTER TABLE {legacy} DROP CONSTRAINT {legacy}_bound")
-        month = max(month, bound)
-    else:
-        cursor.execute(f"DROP TABLE {legacy}")
-
-    # 4. DEFAULT, then the months ahead
+    # 3. DEFAULT, and the months from the legacy partition's bound (or this month) ahead
+    bound = _next_month(now)  # the legacy partition holds what came before
     cursor.execute(f"CREATE TABLE {table}_default PARTITION OF {table} DEFAULT")
+    month = bound if has_rows else _month_start(now)
     last = _month_start(now)
     for _ in range(MONTHS_AHEAD):
         last = _next_month(last)
@@ -130,11 +120,27 @@ def _partition(cursor, table: str, key: str, now: dt.datetime) -> None:
             f"FOR VALUES FROM ({_literal(month)}) TO ({_literal(_next_month(month))})")
         month = _next_month(month)
 
+    # 4. the rows stay where they are: the old table is the first partition. A row from a
+    #    clock in the future (rare: moved, so that one bad row cannot stretch the legacy
+    #    partition over the months to come) goes to its month or DEFAULT first.
+    if not has_rows:
+        cursor.execute(f"DROP TABLE {legacy}")
+        return
+    cursor.execute(
+        f"WITH moved AS (DELETE FROM {legacy} WHERE {key} >= {_literal(bound)} RETURNING *) "
+        f"INSERT INTO {table} SELECT * FROM moved")
+    cursor.execute(f"ALTER TABLE {legacy} ADD CONSTRAINT {legacy}_pkey PRIMARY KEY (id, {key})")
+    cursor.execute(f"ALTER TABLE {legacy} ADD CONSTRAINT {legacy}_bound "
+                   f"CHECK ({key} < {_literal(bound)}) NOT VALID")
+    cursor.execute(f"ALTER TABLE {legacy} VALIDATE CONSTRAINT {legacy}_bound")
+    cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {legacy} "
+                   f"FOR VALUES FROM (MINVALUE) TO ({_literal(bound)})")
+    cursor.execute(f"ALTER TABLE {legacy} DROP CONSTRAINT {legacy}_bound")
+
 
 def _unpartition(cursor, table: str, key: str) -> None:
     """Back to one plain table: the rows copied, the identity continued, Django's indexes."""
     plain = f"{table}_plain"
-    cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
     next_id = _next_id(cursor, table)
     indexes = [(name, create.replace(" ON ONLY ", " ON "))
                for name, create in _indexes(cursor, table)]
@@ -150,11 +156,28 @@ def _unpartition(cursor, table: str, key: str) -> None:
         cursor.execute(create)
 
 
+def _lock(cursor) -> None:
+    """Both tables at once (one statement: no deadlock with a reader of both), waiting at
+    most LOCK_TIMEOUT behind a long query, which would otherwise hold every writer and reader
+    queued behind this migration for as long as it runs."""
+    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    try:
+        cursor.execute(f"LOCK TABLE {', '.join(TABLES)} IN ACCESS EXCLUSIVE MODE")
+    except OperationalError as exc:
+        raise RuntimeError(
+            f"activity migration 0009 could not lock {' and '.join(TABLES)} within "
+            f"{LOCK_TIMEOUT}: a long query or an idle transaction holds one of them (find it "
+            f"in pg_stat_activity), so nothing was changed; run `gpuproxy migrate` again once "
+            f"it has ended") from exc
+    cursor.execute("SET LOCAL lock_timeout = 0")
+
+
 def forward(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     now = dt.datetime.now(dt.UTC)
     with schema_editor.connection.cursor() as cursor:
+        _lock(cursor)
         for table, key in TABLES.items():
             _partition(cursor, table, key, now)
 
@@ -163,6 +186,7 @@ def backward(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     with schema_editor.connection.cursor() as cursor:
+        _lock(cursor)
         for table, key in TABLES.items():
             _unpartition(cursor, table, key)
 
