@@ -209,6 +209,12 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
         slots = obj.slots
         return f"{slots.parallel} · {slots.source}"
 
+    @admin.display(description="ttl", ordering="ttl")
+    def ttl_shown(self, obj: ModelDefinition) -> str:
+        """What the system check (admin.E108) looks up; a list page shows
+        `get_list_display`'s column, which reads the settings once per page."""
+        return admin_defaults.ttl(obj.ttl, ProxySettings.load().global_ttl)
+
     @admin.display(description="live state")
     def live_state(self, obj: ModelDefinition | None) -> str | SafeString:
         if obj is None or obj.pk is None:
