@@ -10,6 +10,7 @@ from django.http import HttpRequest
 PAGES: list[tuple[str, str]] = [
     ("dashboard", "Overview"),
     ("dashboard-activity", "Activity"),
+    ("dashboard-performance", "Performance"),
 ]
 
 
