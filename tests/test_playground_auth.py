@@ -105,3 +105,15 @@ def test_the_session_and_its_token_are_not_sent_upstream(serve):
     seen = httpx.get(f"http://127.0.0.1:{start}/fake/last-body", timeout=10).json()["headers"]
     assert seen.get("x-marker") == "seen"  # the headers are the request's
     assert "cookie" not in seen and "x-csrftoken" not in seen
+
+
+def test_the_page_is_for_staff_only(client):
+    """Anonymous and non-staff users get the admin's login, staff the page."""
+    login = "/admin/login/?next=/dashboard/playground"
+    assert client.get("/dashboard/playground")["Location"] == login
+    client.force_login(User.objects.create_user("someone", password="pw"))
+    assert client.get("/dashboard/playground")["Location"] == login
+    client.force_login(User.objects.create_user("root", password="pw", is_staff=True))
+    r = client.get("/dashboard/playground")
+    assert r.status_code == 200
+    assert b'data-testid="lt-timeline"' in r.content
