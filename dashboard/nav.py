@@ -10,6 +10,7 @@ from django.http import HttpRequest
 PAGES: list[tuple[str, str]] = [
     ("dashboard", "Overview"),
     ("dashboard-activity", "Activity"),
+    ("dashboard-about", "About"),
     ("dashboard-logs", "Logs"),
     ("dashboard-captures", "Captures"),
     ("dashboard-performance", "Performance"),

@@ -3,7 +3,7 @@ each `path("<name>", <module>.page, name="dashboard-<name>")`."""
 
 from django.urls import URLPattern, path
 
-from dashboard.pages import activity, captures, logs, performance
+from dashboard.pages import about, activity, captures, logs, performance
 
 urlpatterns: list[URLPattern] = [
     path("activity", activity.page, name="dashboard-activity"),
@@ -14,4 +14,5 @@ urlpatterns: list[URLPattern] = [
     path("captures", captures.page, name="dashboard-captures"),
     path("captures/list", captures.listing, name="dashboard-captures-listing"),
     path("captures/<int:log_id>", captures.detail, name="dashboard-captures-detail"),
+    path("about", about.page, name="dashboard-about"),
 ]
