@@ -16,10 +16,11 @@
   var COLUMNS_KEY = "gpuproxy.activity.columns";
   var PAGE_SIZES = [25, 50, 100, 250];
 
-  /* key: the row's column (and the API's sort name when sortable); num: right-aligned,
-   * sorted descending on the first click; shown: visible until the chooser says otherwise. */
+  /* key: the row's column (and the API's sort name when sortable); num: a number,
+   * right-aligned; num and desc: sorted descending on the first click; shown: visible until
+   * the chooser says otherwise. */
   var COLUMNS = [
-    { key: "received_at", label: "time", sortable: true, num: true, shown: true, fmt: clock },
+    { key: "received_at", label: "time", sortable: true, desc: true, shown: true, fmt: clock },
     { key: "model", label: "model", sortable: true, shown: true },
     { key: "band", label: "band", sortable: true, shown: true, fmt: null, badge: "band" },
     { key: "outcome", label: "outcome", sortable: true, shown: true, badge: "outcome" },
@@ -48,10 +49,11 @@
   ];
 
   var body = document.body;
-  var state = {
+  var DEFAULTS = {
     window: "1h", model: "", band: "", outcome: "", sort: "-received_at", limit: 50,
     offset: 0
   };
+  var state = Object.assign({}, DEFAULTS);
   var shown = {};
   var rows = [];
   var selected = null;
@@ -149,6 +151,9 @@
       td.appendChild(el("span", { "class": "badge badge-" + kind }, text));
     } else {
       td.textContent = text;
+      if (column.key === "model" || column.key === "error") {
+        td.title = text; // cut short by the style
+      }
     }
     return td;
   }
@@ -177,14 +182,16 @@
     state.offset = offset > 0 ? offset : 0;
   }
 
+  /** Only what differs from the defaults: the plain page's address stays plain. */
   function writeAddress() {
     var q = new URLSearchParams();
     Object.keys(state).forEach(function (k) {
-      if (state[k] !== "" && !(k === "offset" && state[k] === 0)) {
+      if (state[k] !== DEFAULTS[k]) {
         q.set(k, state[k]);
       }
     });
-    history.replaceState(null, "", location.pathname + "?" + q.toString());
+    var query = q.toString();
+    history.replaceState(null, "", location.pathname + (query ? "?" + query : ""));
   }
 
   function readColumns() {
@@ -306,7 +313,7 @@
           } else if (state.sort === c.key) {
             state.sort = "-" + c.key;
           } else {
-            state.sort = (c.num ? "-" : "") + c.key;
+            state.sort = (c.num || c.desc ? "-" : "") + c.key;
           }
           renderHead();
           reload(true);
@@ -570,11 +577,16 @@
           "data-bucket": String(k), "data-count": String(v)
         }), b + ", " + names[k] + ": " + v + " request" + (v === 1 ? "" : "s")));
       });
-      if (k % 2 === 0 || n <= 8) {
-        root.appendChild(svg("text", { x: c.left + (k + 0.5) * slot, y: c.height - 20,
-                                       "class": "tick", "text-anchor": "middle" }, names[k]));
-      }
     }
+    // the boundaries' values below the axis, every other one (1 ms, 10 ms … 100 s)
+    edges.forEach(function (edge, i) {
+      if (i % 2 === 0) {
+        var x = c.left + (i + 1) * slot;
+        root.appendChild(svg("line", { x1: x, x2: x, y1: y(0), y2: y(0) + 4, "class": "axis" }));
+        root.appendChild(svg("text", { x: x, y: c.height - 20, "class": "tick",
+                                       "text-anchor": "middle" }, edgeLabel(edge)));
+      }
+    });
     var legend = el("ul", { "class": "legend" }, bands.map(function (b) {
       return el("li", {}, [el("span", { "class": "swatch band-" + b }), b]);
     }));
@@ -606,9 +618,10 @@
         return;
       }
       var hour = new Date(start + k * H);
+      var width = Math.min(36, Math.max(1, slot - (slot > 4 ? 2 : 0)));
       root.appendChild(tip(svg("rect", {
-        x: c.left + k * slot + (slot > 4 ? 1 : 0), y: y(v),
-        width: Math.max(1, slot - (slot > 4 ? 2 : 0)), height: y(0) - y(v), "class": "bar",
+        x: c.left + (k + 0.5) * slot - width / 2, y: y(v),
+        width: width, height: y(0) - y(v), "class": "bar",
         "data-testid": "swap-bar", "data-count": String(v)
       }), clock(hour.toISOString()).slice(0, 13) + ":00: " + v + " load" + (v === 1 ? "" : "s")));
     });
@@ -616,7 +629,7 @@
       var hour = new Date(start + m[0] * H);
       root.appendChild(svg("text", { x: m[1] === "start" ? c.left : c.width - c.right,
                                      y: c.height - 20, "class": "tick", "text-anchor": m[1] },
-                           clock(hour.toISOString()).slice(5, 13) + "h"));
+                           clock(hour.toISOString()).slice(5, 13) + ":00"));
     });
     var total = counts.reduce(function (a, b) { return a + b; }, 0);
     put("#chart-swaps", root, [el("p", { "class": "chart-note", "data-testid": "swaps-total" },
