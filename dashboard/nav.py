@@ -14,6 +14,7 @@ PAGES: list[tuple[str, str]] = [
     ("dashboard-logs", "Logs"),
     ("dashboard-captures", "Captures"),
     ("dashboard-performance", "Performance"),
+    ("dashboard-playground", "Playground"),
 ]
 
 
