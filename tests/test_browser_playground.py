@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from activity import outcomes
 from activity.models import RequestLog
 from tests.conftest import FAKE, free_port
+from tests.helpers import until
 from tests.test_browser import browser, log_in, new_page, orm, screenshot, staff  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +61,18 @@ def test_chat_streams_with_the_session_under_api_keys_and_the_other_forms_answer
     rows = orm(lambda: list(RequestLog.objects.filter(path="/v1/chat/completions")
                             .values_list("client", "status_code", "priority")))
     assert rows == [("staff:root", 200, 100)]
+
+    # Stop aborts the fetch mid-stream; the proxy sees its client go, and logs it as such
+    page.get_by_test_id("chat-form").locator("[name=max_tokens]").fill("2000")
+    page.get_by_test_id("chat-message").fill("Go on")
+    page.get_by_test_id("chat-send").click()
+    expect(page.get_by_test_id("chat-content").nth(1)).to_contain_text("tok3 ")
+    page.get_by_test_id("chat-stop").click()
+    expect(status).to_contain_text("stopped after")
+    expect(page.get_by_test_id("chat-stop")).to_be_disabled()
+    assert until("the stopped request's row", lambda: orm(lambda: RequestLog.objects.filter(
+        outcome=outcomes.CANCELLED_INFLIGHT).values_list("client", flat=True).first())) \
+        == "staff:root"
 
     # rerank: the fake scores by word overlap with the query (tests' own arithmetic:
     # "a red apple" has both words, "red car" one, "blue sky" none)
