@@ -5,7 +5,7 @@
 (function () {
   "use strict";
   var SVGNS = "http://www.w3.org/2000/svg";
-  var H = 170, L = 58, R = 10, T = 10, B = 20;
+  var H = 170, L = 78, R = 10, T = 10, B = 20;
   var KEEP_MS = 3600 * 1000;
   var root, sys = [], gpu = [], last = null, windowS = 300, every = 5;
 
@@ -41,11 +41,12 @@
     var now = figure.querySelector(".now");
     plot.textContent = "";
     var W = Math.max(320, Math.round(plot.clientWidth));  // drawn at its size: text stays legible
+    // the window, or less while the samples span less: a fresh start is not a thin sliver
     var t1 = Date.now();
-    var t0 = windowS ? t1 - windowS * 1000 : t1 - KEEP_MS;
-    if (!windowS) {
-      series.forEach(function (s) { if (s.points.length) t0 = Math.min(t0, s.points[0][0]); });
-    }
+    var earliest = t1;
+    series.forEach(function (s) { if (s.points.length) earliest = Math.min(earliest, s.points[0][0]); });
+    var t0 = Math.max(windowS ? t1 - windowS * 1000 : t1 - KEEP_MS, earliest);
+    if (t1 - t0 < 10000) t0 = t1 - 10000;
     var shown = series.map(function (s) {
       return {label: s.label, points: s.points.filter(function (p) {
         return p[0] >= t0 && p[1] !== null && isFinite(p[1]);
@@ -101,7 +102,34 @@
     plot.appendChild(s);
     plot.appendChild(legend);
     var first = shown.find(function (ser) { return ser.points.length; });
-    now.textContent = num(first.points[first.points.length - 1][1], opts.unit);
+    var latest = num(first.points[first.points.length - 1][1], opts.unit);
+    now.textContent = latest;
+    hover(s, shown, x, t0, t1, now, latest, opts.unit);
+  }
+
+  /* Pointing at a chart shows each series' sample nearest that moment in its caption. */
+  function hover(s, shown, x, t0, t1, now, latest, unit) {
+    var cursor = svg("line", {"class": "cursor", y1: T, y2: H - B, x1: -10, x2: -10});
+    s.appendChild(cursor);
+    s.addEventListener("mousemove", function (e) {
+      var box = s.getBoundingClientRect();
+      var t = t0 + (t1 - t0) * (e.clientX - box.left - L) / Math.max(1, box.width - L - R);
+      var parts = [], at = null;
+      shown.forEach(function (ser) {
+        var best = null;
+        ser.points.forEach(function (p) {
+          if (best === null || Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p;
+        });
+        if (best) { parts.push((shown.length > 1 ? ser.label + " " : "") + num(best[1], unit)); at = best[0]; }
+      });
+      if (at === null) return;
+      cursor.setAttribute("x1", x(at)); cursor.setAttribute("x2", x(at));
+      now.textContent = "at " + clock(at) + ": " + parts.join(", ");
+    });
+    s.addEventListener("mouseleave", function () {
+      cursor.setAttribute("x1", -10); cursor.setAttribute("x2", -10);
+      now.textContent = latest;
+    });
   }
 
   function gpuSeries(field) {
