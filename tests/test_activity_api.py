@@ -361,11 +361,13 @@ async def test_page_data_answers_staff_as_the_api_does(session_client, mixed):
 
 
 @pytest.mark.urls("gpuproxy.urls")
-async def test_page_data_sends_everyone_else_to_the_login(session_client, mixed):
+async def test_page_data_refuses_everyone_else(session_client, mixed):
     client = session_client
     for who in (None, False):
         if who is not None:
             await log_in(client, staff=who)
-        r = await client.get("/dashboard/activity/rows")
-        assert r.status_code == 302
-        assert r["Location"].startswith("/admin/login/?next=/dashboard/activity/rows")
+        for what in ("rows", "stats"):
+            r = await client.get(f"/dashboard/activity/{what}")
+            assert r.status_code == 403, who
+            assert r.json()["error"]["code"] == "staff_required"
+            assert "alpha" not in r.content.decode()

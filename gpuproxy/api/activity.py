@@ -17,7 +17,8 @@ queries to the dashboard's Activity page: a logged-in staff member's session ins
 API key (the page never holds one; once keys are defined the two paths above refuse it).
 They are GETs that change nothing, and a foreign page cannot read their answers (no CORS
 credentials, docs/security.md), so the session alone suffices, unlike the playground's POSTs
-(gpuproxy/proxy/staff_session.py). Anyone else gets the admin's login.
+(gpuproxy/proxy/staff_session.py). Anyone else gets a 403 in the same envelope (a fetch can
+show it; the login page's HTML it could not), as the other pages' data paths.
 
 `since`/`until` take an ISO 8601 time or date (naive means UTC) or a relative age like `30m`,
 `1h`, `7d`. The ORM runs on the dedicated database thread (`runtime.run_db`), never here.
@@ -36,7 +37,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncHour
@@ -425,10 +425,13 @@ def stats_query(q) -> Callable[[], dict[str, Any]]:
 PAGE_QUERIES = {"rows": list_query, "stats": stats_query}
 
 
-@staff_member_required
 async def page_data(request: HttpRequest, what: str) -> HttpResponse:
     """`rows` or `stats`: what `/api/activity` or `/api/activity/stats` answers to the same
-    query string, errors included."""
+    query string, errors included; for an active staff member's session only."""
+    user = await request.auser()
+    if not (user.is_active and user.is_staff):
+        return json_error(403, "log in as staff (the admin's login) to read the activity log",
+                          type_="permission_error", code="staff_required")
     if request.method != "GET":
         return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
                           code="method_not_allowed", headers={"Allow": "GET"})
