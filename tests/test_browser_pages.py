@@ -154,12 +154,24 @@ def test_logs_two_panes_follow_live_with_ansi_colours_and_markup_as_text(
     assert page.evaluate("window.injected") is None
     expect(right.get_by_test_id("log-status")).to_have_text("following")
 
+    # the filter keeps the lines holding its text (any case), the new ones too
+    right.get_by_test_id("log-filter").fill("RED ALERT")
+    expect(lines.locator(".log-line:visible")).to_have_count(1)
+    expect(lines.locator(".log-line:visible")).to_contain_text("red alert plain")
+    right.get_by_test_id("log-filter").fill("")
+    expect(lines.locator(".log-line:visible")).to_have_count(lines.locator(".log-line").count())
+
     # followed live: a model loaded now shows up in the proxy's pane with no reload
     expect(left.get_by_test_id("log-lines")).to_contain_text('model "noisy" ready')
     page.evaluate("window.sameDocument = true")
     expect(left.get_by_test_id("log-lines")).not_to_contain_text('model "plain" ready')
+    left.get_by_test_id("log-filter").fill('"plain"')
     assert proxy.http.post("/api/models/load/plain").status_code == 200
     expect(left.get_by_test_id("log-lines")).to_contain_text('model "plain" ready')
+    proxy_lines = left.locator(".log-line:visible")
+    expect(proxy_lines.filter(has_text='model "plain" ready')).to_have_count(1)
+    expect(proxy_lines.filter(has_text='model "noisy" ready')).to_have_count(0)
+    left.get_by_test_id("log-filter").fill("")
 
     # the right pane switched to the other model: its log only
     right.get_by_test_id("log-source").select_option("plain")
@@ -246,6 +258,15 @@ def test_about_says_what_runs_where_and_nothing_secret(
     expect(value("scheduler", "capture-buffer")).to_have_text("off")
     expect(value("config", "config-file")).to_contain_text(str(tmp_path / "config.yaml"))
     expect(value("config", "database")).to_contain_text(connection.display_name)
+
+    # copy summary: the page as text, for a bug report
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.get_by_test_id("copy-summary").click()
+    expect(page.get_by_test_id("copy-result")).to_have_text("copied")
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert copied.startswith("## Build\ngpuproxy: " + metadata.version("gpuproxy") + "\n")
+    assert "\nscheduler: serial\n" in copied and "\n## Machine\n" in copied
+    assert API_KEY not in copied
 
     html = page.content()
     for secret in (API_KEY, "postgres://", "DATABASE_URL", "gpuproxy.testing.fakellm",

@@ -87,6 +87,16 @@ def test_the_performance_endpoint_refuses_an_after_without_its_offset(stub_port)
     assert "RFC 3339" in r.json()["error"]
 
 
+@pytest.mark.django_db
+def test_the_log_feed_refuses_a_source_that_is_no_model(stub_port):
+    stub_port(Catalog())
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    r = client.get("/dashboard/logs/feed?source=nope")
+    assert r.status_code == 404
+    assert r.json() == {"error": "no log for 'nope': not 'proxy', a model id or an alias"}
+
+
 def test_parse_after_reads_rfc3339_as_the_api_does():
     assert performance.parse_after("") is None
     assert performance.parse_after("2026-01-02T15:04:05.250Z") == dt.datetime(

@@ -104,14 +104,24 @@
     var lines = section.querySelector("[data-testid=log-lines]");
     var status = section.querySelector("[data-testid=log-status]");
     var follow = section.querySelector("[data-testid=log-follow]");
+    var filter = section.querySelector("[data-testid=log-filter]");
     var source = null, state = fresh();
+
+    function shows(div) {  /* the filter: a case-insensitive substring of the line's text */
+      var q = filter.value.trim().toLowerCase();
+      div.hidden = q !== "" && div.textContent.toLowerCase().indexOf(q) < 0;
+    }
 
     function say(text, kind) { status.textContent = text; status.dataset.state = kind; }
 
     function add(batch) {
       var stick = follow.checked;
       var frag = document.createDocumentFragment();
-      batch.forEach(function (line) { frag.appendChild(render(line, state)); });
+      batch.forEach(function (line) {
+        var div = render(line, state);
+        shows(div);
+        frag.appendChild(div);
+      });
       lines.appendChild(frag);
       while (lines.childNodes.length > KEEP) lines.removeChild(lines.firstChild);
       if (stick) lines.scrollTop = lines.scrollHeight;
@@ -141,6 +151,9 @@
     }
 
     select.addEventListener("change", open);
+    filter.addEventListener("input", function () {
+      lines.querySelectorAll(".log-line").forEach(shows);
+    });
     section.querySelector("[data-testid=log-clear]").addEventListener("click", function () {
       lines.textContent = "";
     });
