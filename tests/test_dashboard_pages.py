@@ -55,7 +55,8 @@ def test_the_pages_send_anyone_but_staff_to_the_login_and_the_endpoints_refuse(w
     for url in ENDPOINTS:
         r = client.get(url)
         assert r.status_code == 403, url
-        assert r.json() == {"error": "log in as staff (the admin's login) to read this"}
+        assert r.json()["error"]["code"] == "staff_required", url
+        assert r.json()["error"]["message"] == "log in as staff (the admin's login) to read this"
 
 
 # ---- monitoring and captures off -----------------------------------------------------------
@@ -68,9 +69,11 @@ def test_with_monitoring_and_captures_off_the_endpoints_say_so_and_the_page_says
     client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
     r = client.get("/dashboard/performance/data")
     assert (r.status_code, r.json()) == (503, {"enabled": False})
-    r = client.get("/dashboard/captures/list")
-    assert r.status_code == 404 and r.json()["enabled"] is False
-    assert client.get("/dashboard/captures/7").status_code == 404
+    for url in ("/dashboard/captures/list", "/dashboard/captures/7"):
+        r = client.get(url)
+        assert r.status_code == 404
+        assert r.json()["error"]["message"] == (
+            "capture not found: captures are off (captureBuffer: 0)")
     page = client.get("/dashboard/captures").content.decode()
     assert 'data-testid="captures-off"' in page
     assert "<code>captureBuffer: 5</code>" in page
@@ -84,7 +87,8 @@ def test_the_performance_endpoint_refuses_an_after_without_its_offset(stub_port)
     client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
     r = client.get("/dashboard/performance/data?after=2026-01-02T15:04:05")
     assert r.status_code == 400
-    assert "RFC 3339" in r.json()["error"]
+    assert r.json()["error"]["param"] == "after"
+    assert "RFC 3339" in r.json()["error"]["message"]
 
 
 @pytest.mark.django_db
@@ -94,7 +98,9 @@ def test_the_log_feed_refuses_a_source_that_is_no_model(stub_port):
     client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
     r = client.get("/dashboard/logs/feed?source=nope")
     assert r.status_code == 404
-    assert r.json() == {"error": "no log for 'nope': not 'proxy', a model id or an alias"}
+    assert r.json()["error"] == {"message": "no log for 'nope': not 'proxy', a model id or an "
+                                            "alias", "type": "invalid_request_error",
+                                 "param": None, "code": "unknown_log_source"}
 
 
 def test_parse_after_reads_rfc3339_as_the_api_does():

@@ -16,7 +16,7 @@ from typing import Any
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.pages.common import is_staff, not_staff, render_page
+from dashboard.pages.common import is_staff, json_error, not_staff, render_page
 from gpuproxy.shell import runtime
 
 LISTED = 200  # the newest captures listed
@@ -126,9 +126,9 @@ def _recent() -> list[dict[str, Any]]:
     return [{**row, "received_at": row["received_at"].isoformat()} for row in rows]
 
 
-def _off() -> JsonResponse:
-    return JsonResponse({"enabled": False, "error": "captures are off (captureBuffer: 0)"},
-                        status=404)
+def _off() -> HttpResponse:
+    return json_error(404, "capture not found: captures are off (captureBuffer: 0)",
+                      code="capture_not_found")
 
 
 async def listing(request: HttpRequest) -> HttpResponse:
@@ -150,6 +150,6 @@ async def detail(request: HttpRequest, log_id: int) -> HttpResponse:
         return _off()
     found = await runtime.run_db(lambda: captures.find(log_id))
     if found is None:
-        return JsonResponse({"enabled": True, "error": f"capture {log_id} not found: "
-                             "evicted by newer ones, or never stored"}, status=404)
+        return json_error(404, f"capture {log_id} not found: evicted by newer ones, or never "
+                               "stored", code="capture_not_found")
     return JsonResponse(present(found))

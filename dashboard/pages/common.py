@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard import nav
+from gpuproxy.proxy.errors import error_body
 
 
 async def is_staff(request: HttpRequest) -> bool:
@@ -28,9 +29,18 @@ async def is_staff(request: HttpRequest) -> bool:
     return bool(user.is_active and user.is_staff)
 
 
-def not_staff() -> JsonResponse:
-    return JsonResponse({"error": "log in as staff (the admin's login) to read this"},
-                        status=403)
+def json_error(status: int, message: str, type_: str = "invalid_request_error",
+               code: str | None = None, param: str | None = None) -> HttpResponse:
+    """The API's error envelope (gpuproxy/proxy/errors.py), which the page scripts read; the
+    API's own helper is a sibling layer's, not the dashboard's to import."""
+    return HttpResponse(error_body(message, type_, code, param), status=status,
+                        content_type="application/json")
+
+
+def not_staff() -> HttpResponse:
+    """403 in the API's error envelope, as the Activity page's data paths answer."""
+    return json_error(403, "log in as staff (the admin's login) to read this",
+                      type_="permission_error", code="staff_required")
 
 
 async def render_page(request: HttpRequest, template: str, context: dict[str, Any]

@@ -17,10 +17,10 @@ import json
 from collections.abc import AsyncIterator
 
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
-from dashboard.pages.common import is_staff, not_staff, render_page
+from dashboard.pages.common import is_staff, json_error, not_staff, render_page
 from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
@@ -53,8 +53,8 @@ async def feed(request: HttpRequest) -> HttpResponseBase:
     source = request.GET.get("source", "")
     name = PROXY if source == "proxy" else rt.catalog.resolve(source)
     if name is None:
-        return JsonResponse({"error": f"no log for {source!r}: not 'proxy', a model id or "
-                                      "an alias"}, status=404)
+        return json_error(404, f"no log for {source!r}: not 'proxy', a model id or an alias",
+                          code="unknown_log_source")
     response = StreamingHttpResponse(_follow(rt, name), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a reverse proxy must not hold lines back

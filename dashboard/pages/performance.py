@@ -13,7 +13,7 @@ import datetime as dt
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.pages.common import is_staff, not_staff, render_page
+from dashboard.pages.common import is_staff, json_error, not_staff, render_page
 from gpuproxy.shell import runtime
 
 
@@ -46,8 +46,9 @@ async def data(request: HttpRequest) -> HttpResponse:
     try:
         after = parse_after(request.GET.get("after", ""))
     except ValueError:
-        return JsonResponse({"error": "after: an RFC 3339 instant with its offset, as "
-                                      "2026-01-02T15:04:05Z"}, status=400)
+        return json_error(400, "invalid 'after' timestamp: an RFC 3339 instant with its "
+                               "offset, as 2026-01-02T15:04:05Z", code="bad_request",
+                          param="after")
     rt = await runtime.port()
     body = await rt.performance(after) if rt.catalog.performance_monitoring else None
     if body is None:

@@ -105,7 +105,8 @@
     getJson(root.dataset.detail.replace(/0$/, String(id))).then(function (res) {
       detail.textContent = "";
       if (res.status !== 200) {
-        detail.appendChild(el("p", {"class": "notice"}, res.body.error || ("the proxy answered " + res.status)));
+        var error = res.body.error && res.body.error.message;
+        detail.appendChild(el("p", {"class": "notice"}, error || ("the proxy answered " + res.status)));
         return;
       }
       var c = res.body;
