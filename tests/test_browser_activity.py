@@ -145,6 +145,16 @@ def test_the_activity_table_pages_sorts_filters_and_opens_a_request(
                       ("duration_ms", "1.50 s")):
         expect(beta.locator(f"[data-col={col}]")).to_have_text(text)
 
+    # the page's rows as a Markdown table, in the columns shown
+    with page.expect_download() as download:
+        page.get_by_test_id("export").click()
+    table = download.value.path().read_text().splitlines()
+    assert table[0] == ("| id | time | model | band | outcome | status | queue wait | ttft | "
+                        "duration | input | cached | output | prefill tok/s | decode tok/s |")
+    assert len(table) == 3 and table[2].startswith(f"| {ids['beta']} | ")
+    assert table[2].endswith("| beta | interactive | ok | 200 | 300 ms | 200 ms | 1.50 s | 40 "
+                             "| 32 | 80 | 900.0 | 80.0 |")
+
     # the cards follow the model filter: one request, no error
     expect(page.get_by_test_id("card-requests")).to_have_text("1")
     expect(page.get_by_test_id("card-error-rate")).to_have_text("0.0 %")
@@ -219,6 +229,15 @@ def test_the_activity_table_pages_sorts_filters_and_opens_a_request(
     page.goto(proxy.base + "/dashboard/activity?window=7d")
     expect(page.get_by_test_id("window")).to_have_value("7d")
     expect(rows(page)).to_have_count(50)
+
+    # live: a new request shows up on the first page by itself, and in the cards
+    expect(page.get_by_test_id("live")).to_be_checked()
+    expect(page.get_by_test_id("card-requests")).to_have_text("63")
+    orm(lambda: RequestLog.objects.create(
+        request_id=uuid.uuid4(), received_at=datetime.now(UTC), model="gamma",
+        outcome=outcomes.OK, band="batch", queue_wait_ms=1))
+    expect(rows(page).first).to_have_attribute("data-model", "gamma")
+    expect(page.get_by_test_id("card-requests")).to_have_text("64")
 
 
 def test_the_activity_page_and_its_data_are_for_staff_only(serve, browser):  # noqa: F811

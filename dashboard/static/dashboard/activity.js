@@ -14,6 +14,7 @@
   var BANDS = ["interactive", "normal", "batch"];
   var WINDOW_HOURS = { "1h": 1, "24h": 24, "7d": 168 };
   var COLUMNS_KEY = "gpuproxy.activity.columns";
+  var LIVE_MS = 5000;
   var PAGE_SIZES = [25, 50, 100, 250];
 
   /* key: the row's column (and the API's sort name when sortable); num: a number,
@@ -379,6 +380,33 @@
     }));
   }
 
+  /** The rows on the page, in the columns shown, as the table writes them. */
+  function markdown() {
+    var cols = COLUMNS.filter(function (c) { return shown[c.key]; });
+    function esc(text) {
+      return text.replace(/\\/g, "\\\\").replace(/\|/g, "\\|").replace(/\n/g, " ");
+    }
+    var lines = ["| id | " + cols.map(function (c) { return c.label; }).join(" | ") + " |",
+                 "|---:|" + cols.map(function (c) { return c.num ? "---:" : "---"; }).join("|") +
+                 "|"];
+    rows.forEach(function (row) {
+      lines.push("| " + row.id + " | " + cols.map(function (c) {
+        return esc(cell(c, row).textContent);
+      }).join(" | ") + " |");
+    });
+    return lines.join("\n") + "\n";
+  }
+
+  function exportMarkdown() {
+    var url = URL.createObjectURL(new Blob([markdown()], { type: "text/markdown" }));
+    var link = el("a", { href: url, download: "activity-" + clock(new Date().toISOString())
+      .replace(/[ :]/g, "-") + ".md" });
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(function () { URL.revokeObjectURL(url); }, 1000);
+  }
+
   // ---- one request ----------------------------------------------------------------------
 
   function showDetail(row) {
@@ -690,6 +718,14 @@
       reload(true);
     });
     $("#refresh").addEventListener("click", function () { reload(false); });
+    $("#export").addEventListener("click", exportMarkdown);
+    // live: the newest rows as they come, as llama-swap's table; never under a reader's
+    // eyes on a later page, nor in a hidden tab
+    setInterval(function () {
+      if ($("#live").checked && state.offset === 0 && !document.hidden) {
+        reload(false);
+      }
+    }, LIVE_MS);
     $("#page-size").addEventListener("change", function () {
       state.limit = parseInt($("#page-size").value, 10);
       reload(true);
