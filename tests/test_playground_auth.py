@@ -107,6 +107,25 @@ def test_the_session_and_its_token_are_not_sent_upstream(serve):
     assert "cookie" not in seen and "x-csrftoken" not in seen
 
 
+def test_without_keys_a_staff_session_is_named_and_its_cookie_kept_from_the_upstream(serve):
+    User.objects.create_user("root", password="pw", is_staff=True)
+    start = free_port()
+    proxy = serve(one_model(start))
+    staff = logged_in(proxy.base, "root")
+    r = chat(staff, **{"X-CSRFToken": staff.cookies["csrftoken"], "Origin": proxy.base})
+    assert r.status_code == 200, r.text
+    seen = httpx.get(f"http://127.0.0.1:{start}/fake/last-body", timeout=10).json()["headers"]
+    assert "cookie" not in seen and "x-csrftoken" not in seen
+    until("the staff row", lambda: RequestLog.objects.filter(client="staff:root").first())
+    # a wrong token is no staff session, and the open API serves it as anyone's
+    r = chat(staff, **{"X-CSRFToken": "x" * 32, "Origin": proxy.base})
+    assert r.status_code == 200, r.text
+    rows = until("both rows", lambda: list(RequestLog.objects.order_by("id").values_list(
+        "client", flat=True)) if RequestLog.objects.count() == 2 else None)
+    assert rows[0] == "staff:root" and not rows[1].startswith("staff:"), rows
+    staff.close()
+
+
 def test_the_page_is_for_staff_only(client):
     """Anonymous and non-staff users get the admin's login, staff the page."""
     login = "/admin/login/?next=/dashboard/playground"

@@ -263,18 +263,18 @@ class ProxyConsumer(UpstreamExchange):
         headers = self.headers
         path: str = self.scope["path"]
         method: str = self.scope["method"]
-        if catalog.api_keys:
-            who = await staff_session.authorize_proxy(  # a key, or a staff session's
-                self.scope, headers, catalog.api_keys, catalog.admin_keys,
-                admin=proxy_path_needs_admin(path))
-            if isinstance(who, KeyRefusal):
-                if who.caller is not None:
-                    self.rec.client = who.caller.name
-                await self.send_json(who.status, error_body(who.message, who.type, who.code),
-                                     [(k.lower().encode(), v.encode())
-                                      for k, v in who.headers.items()],
-                                     outcome=outcomes.UNAUTHORIZED)
-                return
+        who = await staff_session.authorize_proxy(  # a key, or a staff session's
+            self.scope, headers, catalog.api_keys, catalog.admin_keys,
+            admin=proxy_path_needs_admin(path))
+        if isinstance(who, KeyRefusal):
+            if who.caller is not None:
+                self.rec.client = who.caller.name
+            await self.send_json(who.status, error_body(who.message, who.type, who.code),
+                                 [(k.lower().encode(), v.encode())
+                                  for k, v in who.headers.items()],
+                                 outcome=outcomes.UNAUTHORIZED)
+            return
+        if who is not None:  # None: no keys, no staff session; the defaults stand
             self.rec.client, self._drop = who
         malformed = self.malformed(path)
         if malformed is not None:

@@ -8,7 +8,8 @@ POST to a /v1/ path that is not for admin keys, carrying an `Origin` header, who
 (`X-CSRFToken`) passes Django's own check (`CsrfViewMiddleware`: the token against the
 `csrftoken` cookie, the Origin against this host), and whose session is an active staff
 user's. The activity log's client is then `staff:<username>`. The session cookie and the token
-are not sent upstream.
+are not sent upstream. Without keys the API is open anyway; such a request is still named and
+its cookie still kept from the upstream.
 
 The edge (gpuproxy/proxy/edge.py) refuses a keyless upload on its head, before the body is
 read; it cannot look a session up there (that is a database read on Twisted's thread), so a
@@ -53,24 +54,31 @@ def at_edge(request: Any, path: str, admin: bool) -> bool:
 
 async def authorize_proxy(scope: dict[str, Any], headers: Mapping[bytes, bytes],
                           api_keys: Mapping[str, str], admin_keys: Collection[str], *,
-                          admin: bool) -> KeyRefusal | tuple[str, frozenset[bytes]]:
-    """The proxy's check when keys are defined: an API key as before, else a staff session
+                          admin: bool) -> KeyRefusal | tuple[str, frozenset[bytes]] | None:
+    """The proxy's check: an API key as before when keys are defined, else a staff session
     (above). Who calls (the activity log's client) and the headers not to forward, or why
-    not: without either, the refusal is the key check's own."""
+    not: without either, the refusal is the key check's own. Without keys the API is open
+    and None means "anyone"; a staff session is still named, and its cookie kept from the
+    upstream (which may be a peer on another machine)."""
     path: str = scope["path"]
-    who = authorize(headers.get(b"authorization", b"").decode("latin-1"),
-                    headers.get(b"x-api-key", b"").decode("latin-1"), api_keys, admin_keys,
-                    admin=admin, path=path)
-    if isinstance(who, Caller):
-        return who.name, credential_drop(dict(headers), who.key)
-    if (who.caller is None and _eligible(scope["method"], path, admin)
+    refusal = None
+    if api_keys:
+        who = authorize(headers.get(b"authorization", b"").decode("latin-1"),
+                        headers.get(b"x-api-key", b"").decode("latin-1"), api_keys,
+                        admin_keys, admin=admin, path=path)
+        if isinstance(who, Caller):
+            return who.name, credential_drop(dict(headers), who.key)
+        if who.caller is not None:
+            return who  # a valid key on the wrong path: a session changes nothing
+        refusal = who
+    if (_eligible(scope["method"], path, admin)
             and b"origin" in headers and b"x-csrftoken" in headers):
         from channels.db import database_sync_to_async
 
         name = await database_sync_to_async(staff_username)(scope)
         if name is not None:
             return STAFF_PREFIX + name, SESSION_DROP
-    return who
+    return refusal
 
 
 def staff_username(scope: dict[str, Any]) -> str | None:
