@@ -147,6 +147,11 @@ def test_logs_two_panes_follow_live_with_ansi_colours_and_markup_as_text(
     expect(red).to_have_css("color", "rgb(207, 34, 46)")  # --ansi-1, light theme
     expect(red).to_have_css("font-weight", "700")
     expect(lines.locator("span.ansi-fg-10")).to_have_text("bright green")
+    page.get_by_test_id("theme-switch").click()  # the dark theme has its own palette
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    expect(red).to_have_css("color", "rgb(255, 123, 114)")  # --ansi-1, dark
+    page.get_by_test_id("theme-switch").click()
+    expect(red).to_have_css("color", "rgb(207, 34, 46)")
     expect(lines).not_to_contain_text("[1;31m")
     expect(lines).not_to_contain_text("[0m")
     assert "\x1b" not in lines.inner_text()
