@@ -74,6 +74,26 @@ def test_chat_streams_with_the_session_under_api_keys_and_the_other_forms_answer
         outcome=outcomes.CANCELLED_INFLIGHT).values_list("client", flat=True).first())) \
         == "staff:root"
 
+    # a model's reasoning goes apart, collapsed (the fake has none: this answer is canned,
+    # in llama-server's shape, and the proxy is not asked)
+    def chunk(delta: str) -> str:
+        return ('data: {"id":"c1","object":"chat.completion.chunk","model":"solo",'
+                '"choices":[{"index":0,"delta":' + delta + ',"finish_reason":null}]}\n\n')
+    canned = (chunk('{"role":"assistant","content":""}') + chunk('{"reasoning_content":"Two"}')
+              + chunk('{"reasoning_content":" thoughts."}') + chunk('{"content":"An answer."}')
+              + "data: [DONE]\n\n")
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, content_type="text/event-stream", body=canned))
+    page.get_by_test_id("chat-message").fill("Think")
+    page.get_by_test_id("chat-send").click()
+    expect(page.get_by_test_id("chat-content").nth(2)).to_have_text("An answer.")
+    reasoning = page.get_by_test_id("chat-reasoning").nth(2)
+    expect(reasoning).to_be_visible()
+    expect(reasoning).not_to_have_attribute("open", "")
+    expect(reasoning.locator(".pg-thought")).to_have_text("Two thoughts.")
+    expect(page.get_by_test_id("chat-reasoning").nth(0)).to_be_hidden()  # none: no box
+    page.unroute("**/v1/chat/completions")
+
     # rerank: the fake scores by word overlap with the query (tests' own arithmetic:
     # "a red apple" has both words, "red car" one, "blue sky" none)
     page.get_by_role("tab", name="Rerank").click()
