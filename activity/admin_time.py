@@ -15,7 +15,7 @@ The paginator first takes the page's last row count of newest rows by id (the pr
 index, as fast as the old ordering) and the oldest `received_at` among them, T: at least that
 many rows arrived at T or later, so every row of the page did, and `received_at >= T`, which
 the BRIN index narrows to the table's last blocks, selects exactly the same page.
-docs/activity.md has the EXPLAIN figures.
+docs/activity.md (Admin and commands) has the EXPLAIN figures.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ Messages, server → page:
   {"type": "result", "action": A, "target": T, "ok": bool, "message": "..."}
 Page → server:
   {"action": "load" | "unload" | "restart", "model": ID}
+  {"action": "unload_all"}                               (every model, as /api/models/unload)
   {"action": "cancel", "request_id": ID}
   {"action": "logs", "source": MODEL | "proxy" | null}   (null stops the tail)
 """
@@ -28,11 +29,12 @@ import contextlib
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from gpuproxy.observe import inflight, published
+from gpuproxy.proxy.model_list import render_capabilities
 from gpuproxy.shell import runtime
 from gpuproxy.shell.port import ProxyPort
 from gpuproxy.upstream.logbuffer import PROXY
@@ -123,6 +125,26 @@ def routing(catalog: Catalog, picks: dict[str, str | None]) -> dict[str, Any]:
     }
 
 
+# llama-swap's capability flags (gpuproxy/proxy/model_list.py) as the page's tags
+CAPABILITY_TAGS = (("vision", "vision"), ("function_calling", "tools"),
+                   ("reranker", "reranker"), ("audio_transcriptions", "transcription"),
+                   ("audio_speech", "speech"), ("image_generation", "image generation"),
+                   ("image_to_image", "image to image"))
+
+
+def capability_tags(capabilities: dict[str, Any]) -> list[str]:
+    """What the model's `capabilities` say it can do, as `/v1/models` renders them (the same
+    flags, the same context length): nothing is guessed from its name or command."""
+    rendered = render_capabilities(capabilities)
+    flags = rendered.get("capabilities", {})
+    tags = [tag for flag, tag in CAPABILITY_TAGS if flags.get(flag)]
+    context = rendered.get("context_length")
+    if context:
+        tags.append(f"{context // 1024}k context" if context % 1024 == 0
+                    else f"{context:,} context")
+    return tags
+
+
 async def state(rt: ProxyPort) -> dict[str, Any]:
     """Everything the page shows: the books from the run loop, the rest from published data."""
     books = await rt.inspect(_books)
@@ -137,6 +159,9 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
             "in_flight": books["in_flight"].get(model_id, 0),
             "restart_needed": model_id in books["restart_pending"],
             "aliases": list(meta.aliases),
+            "capabilities": capability_tags(meta.capabilities),
+            # the model's own server (llama-server's web UI) through the proxy
+            "upstream": f"/upstream/{quote(model_id)}/",
         })
     requests = await rt.requests_view()
     return {
@@ -239,6 +264,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 await self._result(action, content.get("model"), False, "no such model")
                 return
             asyncio.get_running_loop().create_task(self._model_action(rt, action, model))
+        elif action == "unload_all":
+            asyncio.get_running_loop().create_task(self._unload_all(rt))
         elif action == "cancel":
             request_id = str(content.get("request_id", ""))
             ok = await rt.cancel_request(request_id)
@@ -261,6 +288,14 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._result(action, model, True, message)
         except SchedulingError as exc:
             await self._result(action, model, False, exc.message)
+
+    async def _unload_all(self, rt: ProxyPort) -> None:
+        try:
+            await rt.unload_all()
+        except SchedulingError as exc:
+            await self._result("unload_all", None, False, exc.message)
+        else:
+            await self._result("unload_all", None, True, "every model is stopped")
 
     async def _result(self, action: str, target: Any, ok: bool, message: str) -> None:
         with contextlib.suppress(Exception):  # the page may have gone meanwhile

@@ -20,7 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from scheduling import admin_defaults
 from scheduling import live as control
@@ -122,10 +122,11 @@ def _log_late_failure(what: str) -> Callable[[concurrent.futures.Future], None]:
 class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     form = ModelDefinitionForm
     # "live_state" and "ttl_shown" are replaced per request by columns that read the proxy
-    # and the settings once per page. Narrow enough for a 1366 px screen: the name under the
-    # id, the upstream as host:port, the defaults in words that wrap.
-    list_display = ("model_shown", "live_state", "enabled", "group", "upstream", "ttl_shown",
-                    "concurrency", "slots")
+    # and the settings once per page. Narrow enough for a 1366 px screen between the admin's
+    # two sidebars: the name and group under the id, "disabled" as the live state, the
+    # upstream as host:port, the defaults in words that wrap, the slots' reason on hover.
+    list_display = ("model_shown", "live_state", "upstream", "ttl_shown", "concurrency",
+                    "slots_short")
     list_filter = ("enabled", "group")
     search_fields = ("model_id", "name", "description")
     list_select_related = ("group",)
@@ -167,6 +168,8 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     def get_list_display(self, request: HttpRequest):
         @admin.display(description="live state")
         def live_state(obj: ModelDefinition) -> str | SafeString:
+            if not obj.enabled:
+                return "disabled"
             return describe_live(obj, _request_live(request))
 
         @admin.display(description="ttl", ordering="ttl")
@@ -185,15 +188,25 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
 
     @admin.display(description="model", ordering="model_id")
     def model_shown(self, obj: ModelDefinition) -> SafeString:
+        lines = [format_html("{}", obj.model_id)]
         if obj.name and obj.name != obj.model_id:
-            return format_html('{}<br><span class="quiet">{}</span>', obj.model_id, obj.name)
-        return format_html("{}", obj.model_id)
+            lines.append(format_html('<span class="quiet">{}</span>', obj.name))
+        if obj.group is not None:  # list_select_related: no query per row
+            lines.append(format_html('<span class="quiet">group {}</span>', obj.group.group_id))
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
     @admin.display(description="upstream", ordering="proxy")
     def upstream(self, obj: ModelDefinition) -> SafeString:
         """host:port, the whole URL on hover: the scheme and `${PORT}` templates made the
         column the widest on the page."""
         return format_html('<span title="{}">{}</span>', obj.proxy, url_host(obj.proxy))
+
+    @admin.display(description="slots")
+    def slots_short(self, obj: ModelDefinition) -> SafeString:
+        """The number, where it came from on hover (and in full on the model's page): the
+        reason is a sentence, and as a column it made the list too wide for a laptop."""
+        slots = obj.slots
+        return format_html('<span title="{}">{}</span>', slots.source, slots.parallel)
 
     @admin.display(description="concurrency", ordering="concurrency_limit")
     def concurrency(self, obj: ModelDefinition) -> str:

@@ -201,7 +201,9 @@ def test_a_model_added_without_parallel_gets_its_slots_from_cmd_and_shows_where(
     slots = re.search(r'<div class="readonly">(3 · `-np 3` in cmd)</div>', page)
     assert slots, "the change page does not show the derived slots and their source"
     listing = page_text(client.get(reverse(MODEL_LIST)))
-    assert re.search(r'<td class="field-slots">3 · `-np 3` in cmd</td>', listing)
+    # the list: the number, its source on hover (the sentence made the list too wide)
+    assert re.search(r'<td class="field-slots_short"><span title="`-np 3` in cmd">3</span></td>',
+                     listing)
 
 
 @pytest.mark.django_db
@@ -211,7 +213,8 @@ def test_a_model_added_with_parallel_keeps_it_and_says_so(client):
     pinned = ModelDefinition.objects.get(model_id="pinned")
     assert pinned.parallel == 2 and build_catalog().models["pinned"].parallel == 2
     listing = page_text(client.get(reverse(MODEL_LIST)))
-    assert re.search(r'<td class="field-slots">2 · `parallel` set explicitly</td>', listing)
+    assert re.search(r'<td class="field-slots_short"><span title="`parallel` set explicitly">'
+                     r"2</span></td>", listing)
 
 
 @pytest.mark.django_db
@@ -268,7 +271,8 @@ def test_the_list_has_a_live_state_column_that_says_no_proxy_runs_here(client, t
     text = r.content.decode()
     assert "Live state" in text
     cells = re.findall(r'<td class="field-live_state">(.*?)</td>', text)
-    assert cells == [f'<span title="{NOT_RUNNING}">—</span>'] * 2
+    # a disabled model says so whether or not a proxy runs (the list has no enabled column)
+    assert cells == [f'<span title="{NOT_RUNNING}">—</span>', "disabled"]
 
 
 @pytest.mark.django_db

@@ -274,6 +274,8 @@
       var what = "the request " + (cancelled[target] || target);
       delete cancelled[target];
       text = message.ok ? "cancelled " + what : "could not cancel " + what + ": " + text;
+    } else if (message.action === "unload_all") {
+      text = message.ok ? "unloaded all models: " + text : "could not unload all: " + text;
     } else if (!target || text.indexOf(target) < 0) {
       text = message.action + " " + target + ": " + text; // say what it is about
     }
@@ -322,14 +324,20 @@
       });
       var row = el("tr", { "data-testid": "model-row", "data-model": m.id },
         el("td", {}, el("span", { "class": "model-id", "data-testid": "model-id" }, m.id),
-           el("span", { "class": "sub", "data-testid": "model-sub" })),
+           el("span", { "class": "sub", "data-testid": "model-sub" }),
+           el("span", { "class": "tags", "data-testid": "capabilities" })),
         el("td", {}, el("span", { "class": "badge", "data-testid": "state" }),
            " ", el("span", { "class": "badge badge-restart", "data-testid": "restart-needed",
                              title: "the definition changed: it restarts once idle" },
                    "restart needed")),
         el("td", { "class": "num", "data-testid": "in-flight" }),
         el("td", { "class": "num", "data-testid": "pid" }),
-        actions);
+        actions,
+        // the model's own server (llama-server's web UI) through the proxy, once it is ready
+        el("td", {}, el("a", { "data-testid": "upstream-link", href: m.upstream,
+                               target: "_blank", rel: "noopener",
+                               title: "the model's own server, through the proxy" },
+                        "open ↗")));
       return row;
     }, function (row, m) {
       row._model = m;
@@ -344,6 +352,17 @@
         sub.push("aliases: " + m.aliases.join(", "));
       }
       setText($("[data-testid=model-sub]", row), sub.join(" · "));
+      var tags = $("[data-testid=capabilities]", row);
+      var tagList = m.capabilities || [];
+      if (tags.dataset.shown !== tagList.join("|")) {
+        tags.dataset.shown = tagList.join("|");
+        tags.replaceChildren.apply(tags, tagList.map(function (t) {
+          return el("span", { "class": "tag", "data-testid": "capability" }, t);
+        }));
+      }
+      var link = $("[data-testid=upstream-link]", row);
+      link.hidden = m.state !== "ready";
+      link.setAttribute("href", m.upstream);
       $("[data-testid=restart-needed]", row).hidden = !m.restart_needed;
       setText($("[data-testid=in-flight]", row), m.in_flight);
       setText($("[data-testid=pid]", row), m.pid === null ? "—" : m.pid);
@@ -351,6 +370,26 @@
     });
     $("#models-empty").hidden = models.length > 0;
     $("#models table").hidden = models.length === 0;
+    var running = models.filter(function (m) { return m.state !== "stopped"; });
+    var unloadAll = $("#unload-all");
+    unloadAll.disabled = running.length === 0 || pending[""] === "unload_all";
+    unloadAll.classList.toggle("busy", pending[""] === "unload_all");
+    unloadAll._running = running.map(function (m) { return m.id; });
+  }
+
+  /** Unload all, after a confirmation that names what stops (llama-swap's UI asks too). */
+  function unloadAll() {
+    var names = $("#unload-all")._running || [];
+    if (!names.length || !window.confirm("Unload all models? " + names.join(", ") +
+        (names.length === 1 ? " stops" : " stop") + ", each with its unload timeout to " +
+        "exit cleanly; the next request for one loads it again.")) {
+      return;
+    }
+    if (send({ action: "unload_all" })) {
+      pending[""] = "unload_all";
+      pendingNotes[""] = say("unloading all models…", "info");
+      $("#unload-all").disabled = true;
+    }
   }
 
   function updateModelButtons(row, m) {
@@ -715,6 +754,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     $("#log-source").addEventListener("change", onLogSource);
+    $("#unload-all").addEventListener("click", unloadAll);
     setInterval(tick, 500);
     connect();
   });
