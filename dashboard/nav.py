@@ -10,10 +10,10 @@ from django.http import HttpRequest
 PAGES: list[tuple[str, str]] = [
     ("dashboard", "Overview"),
     ("dashboard-activity", "Activity"),
-    ("dashboard-about", "About"),
+    ("dashboard-performance", "Performance"),
     ("dashboard-logs", "Logs"),
     ("dashboard-captures", "Captures"),
-    ("dashboard-performance", "Performance"),
+    ("dashboard-about", "About"),
     ("dashboard-playground", "Playground"),
 ]
 
