@@ -421,9 +421,8 @@
       svg.setAttribute("viewBox", "0 0 " + width + " " + (top + reqs.length * row + 4));
       svg.setAttribute("height", top + reqs.length * row + 4);
       svg.textContent = "";
-      var step = Math.pow(10, Math.floor(Math.log10(end / 1000 || 1)));
-      if (end / 1000 / step > 8) step *= 2;
-      if (end / 1000 / step > 8) step *= 2.5;
+      var step = [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600]
+        .filter(function (c) { return end / 1000 / c <= 8; })[0] || 3600;
       for (var s = 0; s * 1000 <= end; s += step) {
         var x = left + s * 1000 * scale;
         var line = document.createElementNS(SVG, "line");
@@ -439,7 +438,9 @@
         g.setAttribute("data-index", r.index);
         g.setAttribute("data-state", phaseOf(r));
         var y = top + i * row;
-        svgText(g, 4, y + 12, "#" + r.index + " " + r.model + " p" + r.priority, "lt-label");
+        var bandOf = r.priority >= 50 ? "interactive" : r.priority <= -50 ? "batch" : "normal";
+        svgText(g, 4, y + 12, "#" + r.index + " " + r.model + " p" + r.priority,
+                "lt-label lt-" + bandOf);
         var waitEnd = r.first !== null ? r.first : (r.end !== null ? r.end : t);
         rect(g, left + r.sent * scale, y + 2, (waitEnd - r.sent) * scale, row - 4, "ph-waiting");
         (loadSpans[r.model] || []).forEach(function (span) {
