@@ -332,12 +332,12 @@
                    "restart needed")),
         el("td", { "class": "num", "data-testid": "in-flight" }),
         el("td", { "class": "num", "data-testid": "pid" }),
-        actions,
-        // the model's own server (llama-server's web UI) through the proxy, once it is ready
-        el("td", {}, el("a", { "data-testid": "upstream-link", href: m.upstream,
-                               target: "_blank", rel: "noopener",
-                               title: "the model's own server, through the proxy" },
-                        "open ↗")));
+        actions);
+      // the model's own server (llama-server's web UI) through the proxy, once it is ready
+      actions.appendChild(el("a", { "data-testid": "upstream-link", href: m.upstream,
+                                    target: "_blank", rel: "noopener",
+                                    title: "the model's own server, through the proxy" },
+                             "open ↗"));
       return row;
     }, function (row, m) {
       row._model = m;
