@@ -122,3 +122,6 @@ def test_models_admin_fits_a_1366_px_screen(serve, browser):  # noqa: F811
         "0 (default: 10 under fifo, no limit under serial)")
     expect(page.locator("#result_list")).to_contain_text("15 min")
     expect(page).to_have_title(re.compile(r"\| gpuproxy administration$"))
+    # the icon, as a browser asks for it of the running proxy
+    icon = proxy.http.get("/favicon.ico", follow_redirects=True)
+    assert (icon.status_code, icon.headers["content-type"]) == (200, "image/svg+xml"), icon
