@@ -218,6 +218,9 @@ def test_the_activity_table_pages_sorts_filters_and_opens_a_request(
     rows(page).first.click()
     expect(page.get_by_test_id("detail")).to_be_visible()
     screenshot(page, "activity", docs=True, full_page=True)
+    page.emulate_media(color_scheme="dark")  # the theme follows the system until switched
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    screenshot(page, "activity-dark", full_page=True)
 
     # the admin link opens the request's own page
     rows(page).first.get_by_test_id("admin-link").click()

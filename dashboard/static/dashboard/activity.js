@@ -549,7 +549,8 @@
     function y(v) {
       return c.top + plotH - (v / top) * plotH;
     }
-    [0, top / 2, top].forEach(function (v) {
+    // counts: no grid line between two whole numbers
+    [0, top / 2, top].filter(function (v) { return v === Math.round(v); }).forEach(function (v) {
       root.appendChild(svg("line", { x1: c.left, x2: c.width - c.right, y1: y(v), y2: y(v),
                                      "class": v === 0 ? "axis" : "grid" }));
       root.appendChild(svg("text", { x: c.left - 5, y: y(v) + 4, "class": "tick",
