@@ -1,9 +1,7 @@
 """URL routes: the admin and the management API (llama-swap's paths)."""
 
 from django.contrib import admin
-from django.templatetags.static import static
 from django.urls import include, path, re_path
-from django.views.generic import RedirectView
 
 from dashboard import views as dashboard_views
 from gpuproxy.api import views
@@ -13,8 +11,7 @@ urlpatterns = [
     path("dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),
     # browsers ask for it on any page (the admin's and the API's too): the dashboard's icon
-    path("favicon.ico", RedirectView.as_view(url=static("dashboard/favicon.svg"),
-                                             permanent=True)),
+    path("favicon.ico", dashboard_views.favicon),
     path("health", views.health),
     path("running", views.running),
     re_path(r"^api/models/load/(?P<model>.+)$", views.load_model),

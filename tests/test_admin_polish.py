@@ -57,6 +57,10 @@ def test_favicon_ico_leads_to_the_icon(client):
     r = client.get("/favicon.ico")
     assert r.status_code == 301
     assert r["Location"] == "/static/dashboard/favicon.svg"
+    # anything else: the API's envelope (a JSON client never gets the CSRF page's HTML)
+    r = client.post("/favicon.ico")
+    assert (r.status_code, r["Content-Type"], r["Allow"]) == (405, "application/json", "GET, HEAD")
+    assert r.json()["error"]["code"] == "method_not_allowed"
 
 
 # ---- the request log: order, seconds, durations ------------------------------------------
