@@ -20,6 +20,7 @@ Page → server:
   {"action": "unload_all"}                               (every model, as /api/models/unload)
   {"action": "cancel", "request_id": ID}
   {"action": "logs", "source": MODEL | "proxy" | null}   (null stops the tail)
+  {"action": "profile", "name": PROFILE | null}          (the active profile; null for none)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import InterfaceError, OperationalError
 
 from gpuproxy.observe import inflight, published
 from gpuproxy.proxy.model_list import render_capabilities
@@ -44,6 +46,7 @@ from scheduling.core.effects import Scheduler
 from scheduling.core.errors import SchedulingError
 from scheduling.core.events import Request
 from scheduling.core.priority import BANDS, band
+from scheduling.models import ProxySettings
 
 logger = logging.getLogger("dashboard.consumer")
 
@@ -52,6 +55,10 @@ IDLE_REFRESH = 5.0  # seconds between states when nothing happens (clocks and ch
 BUSY_REFRESH = 1.0  # ... while requests are in flight (elapsed time and bytes move)
 WAITING_SHOWN = 100  # requests listed per band
 LOG_HISTORY = 200  # lines of history sent when a log tail starts
+#: How long a profile switch waits for the catalog in force to show it, and how often it
+#: looks (as `PUT /api/profiles/active`: a reload is a few reads; this bounds a failing one).
+PROFILE_APPLY_WITHIN = 10.0
+PROFILE_APPLY_POLL = 0.005
 
 
 def _books(s: Scheduler, now: float) -> dict[str, Any]:
@@ -176,6 +183,25 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
     }
 
 
+async def _profile_in_force(rt: ProxyPort, name: str, version: int) -> bool:
+    """Wait until the catalog in force has `name` active, or settings `version` or later (a
+    later switch won: this one was applied and replaced); False after PROFILE_APPLY_WITHIN.
+    It is replaced, not announced, in a request process (the hub's push): hence a poll."""
+    deadline = time.monotonic() + PROFILE_APPLY_WITHIN
+
+    def shown() -> bool:
+        catalog = rt.catalog
+        seen = catalog.fingerprint[0] if catalog.fingerprint else None
+        active = catalog.active_profile if catalog.active_profile in catalog.profiles else ""
+        return active == name or (isinstance(seen, int) and seen >= version)
+
+    while not shown():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(PROFILE_APPLY_POLL)
+    return True
+
+
 def _same_origin(scope: dict[str, Any]) -> bool:
     """A browser sends `Origin` with every WebSocket: it must be this very host, so a page
     on another site cannot drive the dashboard with a staff member's session cookie (the
@@ -273,6 +299,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                                "cancelled" if ok else "it is no longer in flight")
         elif action == "logs":
             await self._tail(content.get("source"))
+        elif action == "profile":
+            asyncio.get_running_loop().create_task(self._profile(rt, content.get("name")))
 
     async def _model_action(self, rt: ProxyPort, action: str, model: str) -> None:
         try:
@@ -296,6 +324,47 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._result("unload_all", None, False, exc.message)
         else:
             await self._result("unload_all", None, True, "every model is stopped")
+
+    async def _profile(self, rt: ProxyPort, name: Any) -> None:
+        """The active profile, through its one writer (`ProxySettings.set_active_profile`, as
+        `PUT /api/profiles/active` and the admin); answered once the catalog this process
+        routes by shows it, so the page's next state already has the new pins."""
+        if name is not None and not isinstance(name, str):
+            await self._result("profile", None, False, "a profile name is a string, or null "
+                                                       "for none")
+            return
+        name = name or ""
+        target = name or None
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):  # no profile has one
+            await self._result("profile", target, False,
+                               f"no profile {name!r} (the admin's Profiles page lists them)")
+            return
+        try:
+            found, before, version = await runtime.run_db(
+                lambda: ProxySettings.set_active_profile(name))
+        except (OperationalError, InterfaceError) as exc:
+            detail = (str(exc) if isinstance(exc, runtime.DatabaseUnavailable)
+                      else f"database error ({type(exc).__name__})")
+            await self._result("profile", target, False,
+                               f"the active profile cannot be changed: {detail}; retry later")
+            return
+        if not found:
+            await self._result("profile", target, False,
+                               f"no profile {name!r} (the admin's Profiles page lists them)")
+            return
+        if before != name:
+            user = self.scope["user"].get_username()
+            logger.info("active profile changed from %r to %r (dashboard, %s)",
+                        before, name, user)
+        said = f"profile {name} is active" if name else "no profile is active"
+        if not await _profile_in_force(rt, name, version):
+            await self._result("profile", target, False,
+                               f"saved, but the running proxy did not reload its definitions "
+                               f"within {PROFILE_APPLY_WITHIN:g} s (is the database "
+                               f"reachable? /health says); {said} at the next reload")
+            return
+        CHANGES.notify()  # every open dashboard shows the new pins now, not at its refresh
+        await self._result("profile", target, True, said)
 
     async def _result(self, action: str, target: Any, ok: bool, message: str) -> None:
         with contextlib.suppress(Exception):  # the page may have gone meanwhile

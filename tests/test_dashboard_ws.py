@@ -187,3 +187,130 @@ async def test_a_burst_of_events_is_throttled(rt):
     elapsed = time.monotonic() - started
     assert 1 <= states <= 1 + math.ceil(elapsed * rate)
     await ws.disconnect()
+
+
+# ---- the profile switch ----------------------------------------------------------------------
+
+@pytest.fixture
+async def rt_profiles():
+    r = await runtime_on(f"""
+startPort: {free_port()}
+models:
+  small:
+    cmd: {FAKE}
+  big:
+    cmd: {FAKE}
+profiles:
+  night:
+    description: small models only
+    pins:
+      big: small
+      img: ~
+  day:
+    pins:
+      fast: big
+""")
+    r.start_watcher(every=3600)  # a save applies by its signal, not a poll
+    yield r
+    await runtime.shutdown()
+
+
+async def next_result(ws: WebsocketCommunicator, within: float = 15) -> dict:
+    async with asyncio.timeout(within):
+        while (m := await ws.receive_json_from(within))["type"] != "result":
+            pass
+    return m
+
+
+def active_profile_saved() -> str:
+    from scheduling.models import ProxySettings
+
+    return ProxySettings.load().active_profile
+
+
+async def test_the_profile_action_switches_through_the_one_writer(rt_profiles):
+    ws = await socket(True)
+    await ws.connect()
+    first = await next_state(ws)
+    assert first["routing"]["profiles"] == ["day", "night"]
+    assert first["routing"]["active_profile"] is None
+
+    await ws.send_json_to({"action": "profile", "name": "night"})
+    assert await next_result(ws) == {"type": "result", "action": "profile", "target": "night",
+                                     "ok": True, "message": "profile night is active"}
+    # answered once in force: the catalog this process routes by has it already
+    assert rt_profiles.catalog.active_profile == "night"
+    assert await sync_to_async(active_profile_saved)() == "night"
+    s = await state_where(ws, lambda s: s["routing"]["active_profile"] is not None)
+    assert s["routing"]["active_profile"] == {
+        "name": "night", "defined": True, "description": "small models only",
+        "pins": {"big": "small", "img": None}}
+
+    # a name no profile has: refused, nothing written
+    await ws.send_json_to({"action": "profile", "name": "nope"})
+    m = await next_result(ws)
+    assert (m["target"], m["ok"]) == ("nope", False)
+    assert m["message"] == "no profile 'nope' (the admin's Profiles page lists them)"
+    await ws.send_json_to({"action": "profile", "name": 7})
+    m = await next_result(ws)
+    assert (m["target"], m["ok"]) == (None, False)
+    await ws.send_json_to({"action": "profile", "name": "night\x00"})
+    assert (await next_result(ws))["ok"] is False
+    assert await sync_to_async(active_profile_saved)() == "night"
+
+    # null selects none
+    await ws.send_json_to({"action": "profile", "name": None})
+    assert await next_result(ws) == {"type": "result", "action": "profile", "target": None,
+                                     "ok": True, "message": "no profile is active"}
+    assert await sync_to_async(active_profile_saved)() == ""
+    await state_where(ws, lambda s: s["routing"]["active_profile"] is None)
+    await ws.disconnect()
+
+
+async def test_a_switch_the_proxy_did_not_reload_says_it_is_saved(rt_profiles, monkeypatch):
+    """A proxy that cannot reload must not claim the switch is in force."""
+    from dashboard import consumer
+
+    monkeypatch.setattr(consumer, "PROFILE_APPLY_WITHIN", 0.0)
+    rt_profiles._watcher.cancel()  # nothing reloads now
+    ws = await socket(True)
+    await ws.connect()
+    await next_state(ws)
+    await ws.send_json_to({"action": "profile", "name": "day"})
+    m = await next_result(ws)
+    assert (m["target"], m["ok"]) == ("day", False)
+    assert m["message"].startswith("saved, but the running proxy did not reload")
+    assert m["message"].endswith("profile day is active at the next reload")
+    assert await sync_to_async(active_profile_saved)() == "day"
+    await ws.disconnect()
+
+
+# ---- in flight: user agent and session id ----------------------------------------------------
+
+def test_the_session_id_comes_from_llama_swaps_headers_in_order_and_bounded():
+    from gpuproxy.observe.inflight import SESSION_ID_MAX, session_id
+
+    assert session_id(()) == ""
+    assert session_id(((b"x-litellm-session-id", b"lite"),)) == "lite"
+    # X-Session-ID first, wherever it sits among the headers
+    assert session_id(((b"x-litellm-session-id", b"lite"), (b"x-session-id", b"own"))) == "own"
+    assert session_id(((b"x-session-id", b"  "), (b"x-litellm-session-id", b"lite"))) == "lite"
+    assert SESSION_ID_MAX == 128
+    assert session_id(((b"x-session-id", b"s" * 500),)) == "s" * 128
+
+
+async def test_in_flight_shows_the_user_agent_and_session_id(rt):
+    ws = await socket(True)
+    await ws.connect()
+    await next_state(ws)
+    http = chat_communicator([(b"x-fake-gate", b"held"), (b"user-agent", b"curl/8.5.0"),
+                              (b"x-session-id", b"<b>chat-42</b>")], client="10.1.2.3")
+    await http.send_input({"type": "http.request", "more_body": False, "body": json.dumps(
+        {"model": "alpha", "max_tokens": 1, "messages": []}).encode()})
+    s = await state_where(ws, lambda s: s["in_flight"])
+    (entry,) = s["in_flight"]
+    assert (entry["user_agent"], entry["session_id"]) == ("curl/8.5.0", "<b>chat-42</b>")
+    await ws.send_json_to({"action": "cancel", "request_id": entry["id"]})
+    assert (await http.receive_output(10))["status"] == 503
+    await state_where(ws, lambda s: not s["in_flight"])
+    await ws.disconnect()

@@ -22,6 +22,21 @@ from activity.captures import header_map
 from activity.record import RequestRecord
 from scheduling.core.priority import band
 
+#: llama-swap's `ui.activity.session_id` default: the headers a client's session id is read
+#: from, the first present wins (LiteLLM sends the second).
+SESSION_HEADERS = (b"x-session-id", b"x-litellm-session-id")
+SESSION_ID_MAX = 128  # characters shown: an id, not a payload a client may make any size
+
+
+def session_id(raw_headers: tuple) -> str:
+    """The request's session id as llama-swap's in-flight table shows it ("" for none),
+    at most SESSION_ID_MAX characters; ASGI header names are lower case already."""
+    for wanted in SESSION_HEADERS:
+        for name, value in raw_headers:
+            if name == wanted and value.strip():
+                return value.decode("latin-1").strip()[:SESSION_ID_MAX]
+    return ""
+
 
 def rfc3339(wall: float) -> str:
     """A wall-clock instant as Go's `time.Time` JSON (RFC 3339, UTC, `Z`)."""
@@ -44,7 +59,8 @@ class InFlight:
         return cls(rec, model, cancel, tuple(scope.get("headers", ())), client[0] or "")
 
     def view(self, now: float) -> dict[str, Any]:
-        """The dashboard's fields, then llama-swap's `InflightRequestEntry` ones (its
+        """The dashboard's fields (the user agent and session id of llama-swap's in-flight
+        table among them), then llama-swap's `InflightRequestEntry` ones (its
         `timestamp` and `elapsed_ms` count from the request's arrival, as there)."""
         r = self.rec
         arrived_wall = time.time() - (now - r.received)
@@ -58,6 +74,8 @@ class InFlight:
             "stream": r.stream,
             "elapsed_s": round(now - (r.dispatched or r.received), 3),
             "bytes": r.bytes_out,
+            "user_agent": r.user_agent,  # cut to USER_AGENT_MAX by the record
+            "session_id": session_id(self.raw_headers),
             "timestamp": rfc3339(arrived_wall),
             "req_path": r.path,
             "method": r.method,
