@@ -71,7 +71,8 @@ async def test_list_newest_first_with_every_column(client, mixed):
     times = [d["received_at"] for d in body["data"]]
     assert times == sorted(times, reverse=True)
     columns = {f.attname for f in RequestLog._meta.concrete_fields}
-    assert set(body["data"][0]) == columns
+    assert set(body["data"][0]) == columns | {"has_capture"}  # captures off: all False
+    assert {d["has_capture"] for d in body["data"]} == {False}
     beta = next(d for d in body["data"] if d["model"] == "beta")
     assert beta["score_parts"] == {"priority": 100, "affinity": 0, "aging": 0, "seq": 4}
     assert beta["request_id"] == str(mixed[4].request_id)

@@ -43,7 +43,7 @@ from django.db.models.functions import TruncHour
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
-from activity import events, outcomes
+from activity import captures, events, outcomes
 from activity.models import ModelEvent, RequestLog
 from gpuproxy.api.decorators import api_view, json_error
 from gpuproxy.shell import runtime
@@ -214,7 +214,7 @@ def _filters(since: dt.datetime | None, until: dt.datetime | None,
 async def activity_list(request: HttpRequest) -> HttpResponse:
     q = request.GET
     try:
-        page = list_query(q)
+        page = list_query(q, await captures_on())
     except BadParameter as exc:
         return bad_parameter(exc)
     try:
@@ -224,9 +224,17 @@ async def activity_list(request: HttpRequest) -> HttpResponse:
     return JsonResponse(body)
 
 
-def list_query(q) -> Callable[[], dict[str, Any]]:
+async def captures_on() -> bool:
+    """Whether captures are on (`captureBuffer`): off, no row has one, as the capture paths
+    answer 404 then."""
+    return bool((await runtime.port()).catalog.capture_buffer_mb)
+
+
+def list_query(q, with_captures: bool = False) -> Callable[[], dict[str, Any]]:
     """The parameters checked (BadParameter), and the read to run on the database thread:
-    shared with the dashboard's Activity page (dashboard/pages/activity.py)."""
+    shared with the dashboard's Activity page (dashboard/pages/activity.py). Each row says
+    whether it has a capture (`has_capture`, as llama-swap's rows), for the page's capture
+    button; `with_captures` False (captures off) is False for all, without a query."""
     limit = parse_limit(q.get("limit"))
     offset = parse_offset(q.get("offset"))
     sort = parse_sort(q.get("sort"))
@@ -236,9 +244,15 @@ def list_query(q) -> Callable[[], dict[str, Any]]:
 
     def fetch() -> dict[str, Any]:
         qs = RequestLog.objects.filter(**filters).order_by(*ordering(sort))
-        rows = [dict(row) for row in qs.values()[offset:offset + limit + 1]]
-        return {"data": rows[:limit], "limit": limit, "offset": offset, "sort": sort,
-                "has_more": len(rows) > limit}
+        read = list(qs.values()[offset:offset + limit + 1])
+        has_more = len(read) > limit
+        rows = [dict(row) for row in read[:limit]]
+        captured = (captures.having(row["request_id"] for row in rows)
+                    if with_captures and rows else frozenset())
+        for row in rows:
+            row["has_capture"] = row["request_id"] in captured
+        return {"data": rows, "limit": limit, "offset": offset, "sort": sort,
+                "has_more": has_more}
 
     return fetch
 
@@ -435,13 +449,13 @@ async def page_data(request: HttpRequest, what: str) -> HttpResponse:
     if request.method != "GET":
         return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
                           code="method_not_allowed", headers={"Allow": "GET"})
-    query = PAGE_QUERIES.get(what)
-    if query is None:
+    if what not in PAGE_QUERIES:
         return json_error(404, f"{request.path} is not a page of activity data: "
                                "/dashboard/activity/rows or /dashboard/activity/stats",
                           code="not_found")
     try:
-        read = query(request.GET)
+        read = (list_query(request.GET, await captures_on()) if what == "rows"
+                else PAGE_QUERIES[what](request.GET))
     except BadParameter as exc:
         return bad_parameter(exc)
     try:
