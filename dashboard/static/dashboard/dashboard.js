@@ -27,6 +27,10 @@
   var cancelled = {}; // request id -> what it was, to say so when the result comes
   var lastHistory = null; // JSON of the last drawn history: redraw only when it changed
   var logSource = ""; // what the log tail shows ("" = off)
+  var profilePending = false; // a profile switch sent and not answered yet
+  var baseTitle = ""; // the page's own title, under the connection's mark
+  // the tab title's mark, as llama-swap's: connected, trying to, waiting to retry
+  var TITLE_MARKS = { connected: "🟢", connecting: "🟡", reconnecting: "🔴" };
 
   // ---- small helpers --------------------------------------------------------------------
 
@@ -197,6 +201,7 @@
     var node = $("#connection");
     node.className = "conn conn-" + kind;
     setText(node, text);
+    document.title = TITLE_MARKS[kind] + " " + baseTitle; // seen from another tab too
     $("#main").classList.toggle("stale", kind !== "connected");
   }
 
@@ -233,6 +238,8 @@
       }
       ws = null;
       pending = {};
+      profilePending = false;
+      $("#profile-select").disabled = false;
       Object.keys(pendingNotes).forEach(function (id) { pendingNotes[id].remove(); });
       pendingNotes = {};
       scheduleReconnect();
@@ -270,7 +277,11 @@
       }
     }
     var text = message.message || (message.ok ? "done" : "failed");
-    if (message.action === "cancel") {
+    if (message.action === "profile") {
+      profilePending = false;
+      $("#profile-select").disabled = false;
+      text = message.ok ? text : "could not switch the profile: " + text;
+    } else if (message.action === "cancel") {
       var what = "the request " + (cancelled[target] || target);
       delete cancelled[target];
       text = message.ok ? "cancelled " + what : "could not cancel " + what + ": " + text;
@@ -323,7 +334,10 @@
         actions.appendChild(button);
       });
       var row = el("tr", { "data-testid": "model-row", "data-model": m.id },
-        el("td", {}, el("span", { "class": "model-id", "data-testid": "model-id" }, m.id),
+        el("td", {}, el("a", { "class": "model-id", "data-testid": "model-id",
+                               href: document.body.dataset.activity + "?model=" +
+                                 encodeURIComponent(m.id),
+                               title: "this model's requests (the Activity page)" }, m.id),
            el("span", { "class": "sub", "data-testid": "model-sub" }),
            el("span", { "class": "tags", "data-testid": "capabilities" })),
         el("td", {}, el("span", { "class": "badge", "data-testid": "state" }),
@@ -333,6 +347,10 @@
         el("td", { "class": "num", "data-testid": "in-flight" }),
         el("td", { "class": "num", "data-testid": "pid" }),
         actions);
+      actions.appendChild(el("a", { "data-testid": "logs-link",
+                                    href: document.body.dataset.logs + "?source=" +
+                                      encodeURIComponent(m.id),
+                                    title: "this model's output, followed live" }, "logs"));
       // the model's own server (llama-server's web UI) through the proxy, once it is ready
       actions.appendChild(el("a", { "data-testid": "upstream-link", href: m.upstream,
                                     target: "_blank", rel: "noopener",
@@ -436,6 +454,7 @@
     } else {
       shown.removeAttribute("title");
     }
+    renderProfileChoice(r.profiles || [], profile);
     fillTable($("#routing-sets"), $("[data-testid=matrix-sets]"),
       r.router === "matrix" ? (r.matrix_sets || []).map(function (m) {
         return [m.name, { code: m.dsl }];
@@ -455,6 +474,40 @@
       (r.peers || []).map(function (p) {
         return [p.id, p.host, p.models.join(", "), p.priority_forward];
       }));
+  }
+
+  /** The active profile as a choice (none + each profile), when any is defined: switching
+   * sends the "profile" action, whose answer comes as a result, the new pins with the state. */
+  function renderProfileChoice(names, profile) {
+    var select = $("#profile-select");
+    select.hidden = names.length === 0;
+    $("[data-testid=active-profile]").hidden = names.length > 0;
+    if (!names.length) {
+      return;
+    }
+    var active = profile ? profile.name : "";
+    var options = [["", "none"]].concat(names.map(function (n) { return [n, n]; }));
+    if (active && names.indexOf(active) < 0) {
+      options.push([active, active + " (not defined)"]);
+    }
+    var key = JSON.stringify(options);
+    if (select.dataset.shown !== key) {
+      select.dataset.shown = key;
+      select.replaceChildren.apply(select, options.map(function (o) {
+        return el("option", { value: o[0] }, o[1]);
+      }));
+    }
+    if (!profilePending) {
+      select.value = active; // a failed switch goes back to the one in force
+    }
+  }
+
+  function onProfileChoice() {
+    var select = $("#profile-select");
+    if (send({ action: "profile", name: select.value || null })) {
+      profilePending = true;
+      select.disabled = true;
+    }
   }
 
   function renderBands(bands) {
@@ -522,6 +575,10 @@
                         r.band)),
         el("td", { "class": "num", "data-testid": "priority" }, formatPriority(r.priority)),
         el("td", { "data-testid": "client" }, r.client || "—"),
+        el("td", { "class": "clip", "data-testid": "user-agent", title: r.user_agent || "" },
+           r.user_agent || "—"),
+        el("td", { "class": "clip", "data-testid": "session", title: r.session_id || "" },
+           r.session_id || "—"),
         el("td", { "class": "path", "data-testid": "path" },
            r.path + (r.stream ? " (stream)" : "")),
         el("td", { "class": "num", "data-testid": "elapsed" }),
@@ -753,7 +810,9 @@
   // ---- start ----------------------------------------------------------------------------
 
   document.addEventListener("DOMContentLoaded", function () {
+    baseTitle = document.title;
     $("#log-source").addEventListener("change", onLogSource);
+    $("#profile-select").addEventListener("change", onProfileChoice);
     $("#unload-all").addEventListener("click", unloadAll);
     setInterval(tick, 500);
     connect();

@@ -166,6 +166,13 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     var main = document.querySelector(".logs-page");
+    /* ?source=<model> (the overview's "logs" link, llama-swap's model page) picks the first
+       pane's source; one the select does not list is ignored, the default stays */
+    var wanted = new URLSearchParams(location.search).get("source");
+    var first = main.querySelector(".log-pane [data-testid=log-source]");
+    if (wanted && first && Array.prototype.some.call(first.options, function (o) {
+      return o.value === wanted;
+    })) first.value = wanted;
     main.querySelectorAll(".log-pane").forEach(function (s) { new Pane(s, main.dataset.feed); });
   });
 })();
