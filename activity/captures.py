@@ -45,7 +45,7 @@ logger = logging.getLogger("activity.captures")
 ROW_KEY = "capture"
 REDACTED = "[REDACTED]"
 SENSITIVE = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie",
-                       b"x-api-key"})
+                       b"x-api-key", b"x-csrftoken"})
 
 REQ_HEADERS, REQ_BODY, RESP_HEADERS, RESP_BODY = 1, 2, 4, 8
 ALL = REQ_HEADERS | REQ_BODY | RESP_HEADERS | RESP_BODY

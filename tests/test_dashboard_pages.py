@@ -59,6 +59,27 @@ def test_the_pages_send_anyone_but_staff_to_the_login_and_the_endpoints_refuse(w
         assert r.json()["error"]["message"] == "log in as staff (the admin's login) to read this"
 
 
+@pytest.mark.django_db
+def test_staff_without_the_view_permissions_read_no_activity_and_no_capture(stub_port):
+    """Captures hold whole prompts and answers, the log who asked what: a staff member
+    needs the permission the admin's own pages ask for, as an API caller needs an admin key."""
+    stub_port(Catalog(capture_buffer_mb=5))
+    client = Client()
+    clerk = User.objects.create_user("clerk", password="pw", is_staff=True)
+    client.force_login(clerk)
+    for url in ("/dashboard/captures/list", "/dashboard/captures/7",
+                "/dashboard/activity/rows", "/dashboard/activity/stats"):
+        r = client.get(url)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "permission_required"), url
+    from django.contrib.auth.models import Permission
+
+    clerk.user_permissions.add(Permission.objects.get(codename="view_requestlog"),
+                               Permission.objects.get(codename="view_capture"))
+    client.force_login(User.objects.get(pk=clerk.pk))  # a fresh user: no cached permissions
+    assert client.get("/dashboard/activity/rows").status_code == 200
+    assert client.get("/dashboard/captures/list").status_code == 200
+
+
 # ---- monitoring and captures off -----------------------------------------------------------
 
 @pytest.mark.django_db

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from activity.models import RequestLog
-from tests.conftest import free_port
+from tests.conftest import FAKE, free_port
 from tests.helpers import one_model, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,6 +105,40 @@ def test_the_session_and_its_token_are_not_sent_upstream(serve):
     seen = httpx.get(f"http://127.0.0.1:{start}/fake/last-body", timeout=10).json()["headers"]
     assert seen.get("x-marker") == "seen"  # the headers are the request's
     assert "cookie" not in seen and "x-csrftoken" not in seen
+
+
+def test_the_proxys_cookies_never_reach_an_upstream_whatever_the_verdict(serve):
+    """A model that is sent the client's key (`forwardApiKey`), a stale CSRF token without
+    keys, the `/upstream/` passthrough a model's web UI uses: the admin's session and CSRF
+    cookies and the token header stay here; the upstream's own cookies still go."""
+    User.objects.create_user("root", password="pw", is_staff=True)
+    start = free_port()
+    proxy = serve(f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+      solo:
+        cmd: {FAKE}
+        metadata: {{gpuproxy: {{forwardApiKey: true}}}}
+    """)
+    staff = logged_in(proxy.base, "root")
+    staff.cookies.set("upstream_pref", "dark")
+
+    def seen() -> dict:
+        return httpx.get(f"http://127.0.0.1:{start}/fake/last-body", timeout=10).json()[
+            "headers"]
+
+    for headers in ({"X-CSRFToken": staff.cookies["csrftoken"], "Origin": proxy.base},
+                    {"X-CSRFToken": "x" * 32, "Origin": proxy.base}):  # stale: no session
+        assert chat(staff, **headers).status_code == 200
+        got = seen()
+        assert "x-csrftoken" not in got, got
+        assert got.get("cookie") == "upstream_pref=dark", got
+    r = staff.post("/upstream/solo/v1/chat/completions", content=json.dumps(BODY))
+    assert r.status_code == 200, r.text
+    got = seen()
+    assert got.get("cookie") == "upstream_pref=dark", got
+    staff.close()
 
 
 def test_without_keys_a_staff_session_is_named_and_its_cookie_kept_from_the_upstream(serve):

@@ -126,6 +126,19 @@ def _recent() -> list[dict[str, Any]]:
     return [{**row, "received_at": row["received_at"].isoformat()} for row in rows]
 
 
+async def may_read_captures(request: HttpRequest) -> bool:
+    """Captures hold whole prompts and answers (over the API, admin keys only): a staff
+    member needs the permission to view captures too (a superuser has it)."""
+    user = await request.auser()
+    return bool(await user.ahas_perm("activity.view_capture"))
+
+
+def no_permission() -> HttpResponse:
+    return json_error(403, "your account may not view captures: a superuser can grant it the "
+                           "permission 'activity | capture | Can view capture' in the admin",
+                      type_="permission_error", code="permission_required")
+
+
 def _off() -> HttpResponse:
     return json_error(404, "capture not found: captures are off (captureBuffer: 0)",
                       code="capture_not_found")
@@ -135,6 +148,8 @@ async def listing(request: HttpRequest) -> HttpResponse:
     """The newest `LISTED` activity rows that have a capture, newest first."""
     if not await is_staff(request):
         return not_staff()
+    if not await may_read_captures(request):
+        return no_permission()
     if not (await runtime.port()).catalog.capture_buffer_mb:
         return _off()
     return JsonResponse({"enabled": True, "captures": await runtime.run_db(_recent)})
@@ -146,6 +161,8 @@ async def detail(request: HttpRequest, log_id: int) -> HttpResponse:
 
     if not await is_staff(request):
         return not_staff()
+    if not await may_read_captures(request):
+        return no_permission()
     if not (await runtime.port()).catalog.capture_buffer_mb:
         return _off()
     found = await runtime.run_db(lambda: captures.find(log_id))

@@ -446,6 +446,11 @@ async def page_data(request: HttpRequest, what: str) -> HttpResponse:
     if not (user.is_active and user.is_staff):
         return json_error(403, "log in as staff (the admin's login) to read the activity log",
                           type_="permission_error", code="staff_required")
+    if not await user.ahas_perm("activity.view_requestlog"):  # as the admin's request log
+        return json_error(403, "your account may not view the activity log: a superuser can "
+                               "grant it the permission 'activity | request log | Can view "
+                               "request log' in the admin",
+                          type_="permission_error", code="permission_required")
     if request.method != "GET":
         return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
                           code="method_not_allowed", headers={"Allow": "GET"})

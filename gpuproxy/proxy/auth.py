@@ -100,6 +100,22 @@ def key_name(key: str | None, api_keys: Mapping[str, str]) -> str | None:
     return found.name if found is not None else None
 
 
+#: Never sent to an upstream or a peer, whoever the caller: Django's CSRF token header (the
+#: playground's; gpuproxy/proxy/staff_session.py).
+NEVER_FORWARDED = frozenset({b"x-csrftoken"})
+
+
+def own_cookies() -> frozenset[bytes]:
+    """The proxy's own cookies (the admin's session, its CSRF token): kept from every
+    upstream and peer, which would otherwise hold a staff member's login (an upstream's web
+    UI opened through `/upstream/<model>/` runs on this origin and gets them too). Other
+    cookies, the upstream's own, still go."""
+    from django.conf import settings
+
+    return frozenset({settings.SESSION_COOKIE_NAME.encode("latin-1"),
+                      settings.CSRF_COOKIE_NAME.encode("latin-1")})
+
+
 def credential_drop(headers: dict[bytes, bytes], key: str) -> frozenset[bytes]:
     """relay.HOP_BY_HOP plus the headers that carried `key`, the gpuproxy API key the request was
     let in with: the proxy's credential, not the upstream's (another credential in the other

@@ -22,6 +22,7 @@ from activity.captures import Pending
 from activity.record import RequestRecord
 from activity.usage import UsageParser
 from gpuproxy.observe import metrics
+from gpuproxy.proxy import auth
 from gpuproxy.proxy.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body
 from gpuproxy.proxy.http_app import HttpApp
 from gpuproxy.shell.port import ProxyPort, UpstreamView
@@ -95,7 +96,8 @@ class UpstreamExchange(HttpApp):
         if drop is not relay.HOP_BY_HOP and meta is not None and _forwards_api_key(meta):
             drop = relay.HOP_BY_HOP
         method = self.scope["method"]
-        headers = relay.request_headers(self.scope["headers"], len(body), drop)
+        headers = relay.request_headers(self.scope["headers"], len(body),
+                                        drop | auth.NEVER_FORWARDED, auth.own_cookies())
         streams = self._streams
         relay.begin_attempt(model, streams)
         started = time.monotonic()

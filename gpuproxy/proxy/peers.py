@@ -26,6 +26,7 @@ import httpx
 from activity import outcomes
 from activity.usage import UsageParser
 from gpuproxy.observe import inflight
+from gpuproxy.proxy import auth
 from gpuproxy.proxy.errors import error_body
 from gpuproxy.proxy.exchange import UpstreamExchange
 from gpuproxy.proxy.inference import Parsed, apply_filters
@@ -82,8 +83,10 @@ def headers_for(peer: CatalogPeer, client: list[tuple[bytes, bytes]], drop: froz
     """The client's headers for `peer`. `drop` already holds hop-by-hop ones and the key
     this proxy let the request in with (`auth.credential_drop`); with an `apiKey`, any other
     credential the client sent goes too, replaced by the peer's."""
-    drop = drop | _ALWAYS_DROP | {HOP_HEADER} | (_KEY_HEADERS if peer.api_key else frozenset())
-    out = [*relay.request_headers(client, body_len, drop), (HOP_HEADER, b"1")]
+    drop = (drop | _ALWAYS_DROP | auth.NEVER_FORWARDED | {HOP_HEADER}
+            | (_KEY_HEADERS if peer.api_key else frozenset()))
+    out = [*relay.request_headers(client, body_len, drop, auth.own_cookies()),
+           (HOP_HEADER, b"1")]
     if peer.api_key:
         key = peer.api_key.encode("latin-1", "replace")
         out += [(b"authorization", b"Bearer " + key), (b"x-api-key", key)]

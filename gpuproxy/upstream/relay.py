@@ -406,12 +406,30 @@ async def exited(pid: int | None, within: float = 0.0) -> bool:
 
 
 def request_headers(headers: list[tuple[bytes, bytes]], body_len: int,
-                    drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
+                    drop: frozenset[bytes] = HOP_BY_HOP,
+                    cookies: frozenset[bytes] = frozenset()) -> list[tuple[bytes, bytes]]:
     """The client's headers for the upstream: all but hop-by-hop ones and `drop` (which
-    includes HOP_BY_HOP; `proxy.auth.credential_drop` adds the proxy's own credentials)."""
-    out = [(k, v) for k, v in headers if k.lower() not in drop]
+    includes HOP_BY_HOP; `proxy.auth.credential_drop` adds the proxy's own credentials),
+    and without the cookies named in `cookies` (the proxy's own: the upstream's still go)."""
+    out = []
+    for k, v in headers:
+        name = k.lower()
+        if name in drop:
+            continue
+        if name == b"cookie" and cookies:
+            v = without_cookies(v, cookies)
+            if not v:
+                continue
+        out.append((k, v))
     out.append((b"content-length", str(body_len).encode()))
     return out
+
+
+def without_cookies(header: bytes, names: frozenset[bytes]) -> bytes:
+    """A Cookie header's value without the cookies called `names`."""
+    kept = [part for part in (p.strip() for p in header.split(b";"))
+            if part and part.split(b"=", 1)[0].strip() not in names]
+    return b"; ".join(kept)
 
 
 def response_headers(raw: list[tuple[bytes, bytes]],
