@@ -246,7 +246,7 @@ def list_query(q, with_captures: bool = False) -> Callable[[], dict[str, Any]]:
         qs = RequestLog.objects.filter(**filters).order_by(*ordering(sort))
         read = list(qs.values()[offset:offset + limit + 1])
         has_more = len(read) > limit
-        rows = [dict(row) for row in read[:limit]]
+        rows: list[dict[str, Any]] = [dict(row) for row in read[:limit]]
         captured = (captures.having(row["request_id"] for row in rows)
                     if with_captures and rows else frozenset())
         for row in rows:
