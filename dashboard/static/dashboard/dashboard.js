@@ -28,6 +28,7 @@
   var lastHistory = null; // JSON of the last drawn history: redraw only when it changed
   var logSource = ""; // what the log tail shows ("" = off)
   var profilePending = false; // a profile switch sent and not answered yet
+  var profileActive = ""; // the active profile as the last state said ("" = none)
   var baseTitle = ""; // the page's own title, under the connection's mark
   // the tab title's mark, as llama-swap's: connected, trying to, waiting to retry
   var TITLE_MARKS = { connected: "🟢", connecting: "🟡", reconnecting: "🔴" };
@@ -280,7 +281,10 @@
     if (message.action === "profile") {
       profilePending = false;
       $("#profile-select").disabled = false;
-      text = message.ok ? text : "could not switch the profile: " + text;
+      if (!message.ok) {
+        $("#profile-select").value = profileActive; // back to the one in force, at once
+        text = "could not switch the profile: " + text;
+      }
     } else if (message.action === "cancel") {
       var what = "the request " + (cancelled[target] || target);
       delete cancelled[target];
@@ -486,6 +490,7 @@
       return;
     }
     var active = profile ? profile.name : "";
+    profileActive = active;
     var options = [["", "none"]].concat(names.map(function (n) { return [n, n]; }));
     if (active && names.indexOf(active) < 0) {
       options.push([active, active + " (not defined)"]);
