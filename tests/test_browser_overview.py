@@ -134,7 +134,9 @@ def test_profile_title_theme_in_flight_and_a_models_links(serve, browser):  # no
     page.emulate_media(color_scheme="light")
     expect(html).to_have_attribute("data-theme", "light")
 
-    # in flight: the user agent and the session id, as text
+    # in flight: the user agent and the session id, as text (night active for the picture)
+    choice.select_option("night")
+    expect(pins(page)).to_have_text(["bigwriter", "imgdisabled (404)"])
     assert Chat(proxy.base, "writer").answered().status_code == 200
     held = Chat(proxy.base, "coder", gate="held", start=False)
     held.headers.update({"User-Agent": AGENT, "X-Session-ID": SESSION})
@@ -142,7 +144,7 @@ def test_profile_title_theme_in_flight_and_a_models_links(serve, browser):  # no
     row = page.locator("[data-testid=inflight-row][data-model=coder]")
     expect(row).to_have_count(1)
     expect(row.get_by_test_id("user-agent")).to_have_text(AGENT)
-    expect(row.get_by_test_id("session")).to_have_text(SESSION)
+    expect(row.get_by_test_id("session")).to_have_text("session " + SESSION)
     expect(page.locator("#inflight b")).to_have_count(0)
     screenshot(page, "overview", docs=True, full_page=True)
     open_gate(start, "held")  # coder's port: ports go by sorted id
