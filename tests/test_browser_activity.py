@@ -22,7 +22,7 @@ from playwright.sync_api import Page, expect
 from activity import outcomes
 from activity.models import ModelEvent, RequestLog
 from tests.conftest import free_port
-from tests.helpers import one_model
+from tests.helpers import one_model, until
 from tests.test_browser import (  # noqa: F401
     MARKUP,
     browser,
@@ -257,3 +257,49 @@ def test_the_activity_page_and_its_data_are_for_staff_only(serve, browser):  # n
     assert status == 401
     expect(page.get_by_test_id("log-empty")).to_be_visible()  # nothing yet, and no error
     expect(page.get_by_test_id("status")).to_have_text("")
+
+
+def test_a_row_with_a_capture_has_a_button_that_opens_it_on_the_captures_page(
+        serve, browser):  # noqa: F811
+    proxy = serve(one_model(free_port(), f"captureBuffer: 5\n    apiKeys: [{API_KEY}]"))
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    chat = {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert proxy.http.post("/v1/chat/completions", json={**chat, "model": "solo"},
+                           headers={**key, "User-Agent": "kept/1"}).status_code == 200
+    # refused before anything was captured: no capture, no button
+    assert proxy.http.post("/v1/chat/completions", json={**chat, "model": "nope"},
+                           headers={**key, "User-Agent": "nope/1"}).status_code == 404
+
+    def both() -> dict[str, int] | None:
+        found = orm(lambda: dict(RequestLog.objects.values_list("user_agent", "id")))
+        return found if len(found) == 2 else None
+    row_ids = until("both rows written", both)
+    kept, nope = row_ids["kept/1"], row_ids["nope/1"]
+    page = new_page(browser)
+    log_in(page, proxy, "/dashboard/activity")
+    expect(rows(page)).to_have_count(2)
+    kept_row = page.locator(f"[data-testid=log-row][data-id='{kept}']")
+    nope_row = page.locator(f"[data-testid=log-row][data-id='{nope}']")
+    expect(kept_row.get_by_test_id("capture-link")).to_have_attribute(
+        "href", f"/dashboard/captures#{kept}")
+    expect(nope_row.get_by_test_id("capture-link")).to_have_count(0)
+
+    # the opened request links to its capture too, when it has one
+    nope_row.click()
+    expect(page.get_by_test_id("detail")).to_be_visible()
+    expect(page.get_by_test_id("detail-capture")).to_be_hidden()
+    kept_row.click()
+    expect(page.get_by_test_id("detail-capture")).to_have_attribute(
+        "href", f"/dashboard/captures#{kept}")
+
+    kept_row.get_by_test_id("capture-link").click()
+    expect(page).to_have_url(f"{proxy.base}/dashboard/captures#{kept}")
+    detail = page.get_by_test_id("capture-detail")
+    expect(detail).to_have_attribute("data-id", str(kept))
+    expect(detail.get_by_test_id("req-path")).to_have_text("/v1/chat/completions")
+    expect(detail.get_by_test_id("request").get_by_test_id("body-text")).to_contain_text(
+        '"model": "solo"')
+    expect(page.locator(f"[data-testid=capture-row][data-id='{kept}']")).to_have_class("open")
+    # a row without one, named in the address, says why rather than showing nothing
+    page.goto(f"{proxy.base}/dashboard/captures#{nope}")
+    expect(detail.locator(".notice")).to_contain_text(f"capture {nope} not found")

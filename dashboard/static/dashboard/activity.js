@@ -341,7 +341,14 @@
       var link = el("a", { href: adminUrl(row), "data-testid": "admin-link",
                            title: "this request in the admin" }, "admin");
       link.addEventListener("click", function (e) { e.stopPropagation(); });
-      tr.appendChild(el("td", { "class": "actions" }, link));
+      var actions = el("td", { "class": "actions" }, link);
+      if (row.has_capture) {
+        var capture = el("a", { href: captureUrl(row), "data-testid": "capture-link",
+                                title: "what was sent and answered (the capture)" }, "capture");
+        capture.addEventListener("click", function (e) { e.stopPropagation(); });
+        actions.appendChild(capture);
+      }
+      tr.appendChild(actions);
       if (selected && selected.id === row.id) {
         tr.classList.add("selected");
       }
@@ -363,6 +370,11 @@
 
   function adminUrl(row) {
     return body.dataset.admin + encodeURIComponent(row.id) + "/change/";
+  }
+
+  /** The Captures page opens the capture its address's fragment names. */
+  function captureUrl(row) {
+    return body.dataset.captures + "#" + encodeURIComponent(row.id);
   }
 
   function renderChooser() {
@@ -418,6 +430,8 @@
     $("#detail-title").textContent = "#" + row.id + " · " + (row.model || row.model_requested) +
       " · " + row.outcome;
     $("#detail-admin").href = adminUrl(row);
+    $("#detail-capture").hidden = !row.has_capture;
+    $("#detail-capture").href = row.has_capture ? captureUrl(row) : "#";
     drawTimeline(row);
     var dl = $("#detail-fields");
     dl.replaceChildren();

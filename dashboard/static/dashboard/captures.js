@@ -1,7 +1,9 @@
 /* The captures page (dashboard/templates/dashboard/captures.html): lists the captured
    requests (the page's `listing`, refreshed every 5 s and on demand) and shows the one
    clicked (`detail`): headers as stored (credentials read [REDACTED]) and bodies as the
-   server made them readable (JSON pretty-printed, SSE as events, binary as its size).
+   server made them readable (JSON pretty-printed, SSE as events, binary as its size). The
+   address's fragment is the opened one's id: `#42` opens activity row 42's capture (the
+   Activity page's capture button links there), and a click writes it.
    Everything is written with textContent, never as HTML. No dependency. */
 (function () {
   "use strict";
@@ -96,8 +98,15 @@
     return box;
   }
 
+  /* The capture the address names (`#<activity id>`: the Activity page's capture button). */
+  function fromAddress() {
+    var m = /^#(\d+)$/.exec(location.hash);
+    if (m && Number(m[1]) !== opened) open(Number(m[1]));
+  }
+
   function open(id) {
     opened = id;
+    if (location.hash !== "#" + id) history.replaceState(null, "", "#" + id);
     rows.querySelectorAll("tr").forEach(function (tr) {
       tr.classList.toggle("open", tr.dataset.id === String(id));
     });
@@ -131,5 +140,7 @@
     root.querySelector("[data-testid=captures-refresh]").addEventListener("click", list);
     list();
     setInterval(list, 5000);
+    window.addEventListener("hashchange", fromAddress);
+    fromAddress();
   });
 })();

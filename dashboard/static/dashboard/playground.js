@@ -11,6 +11,11 @@
  * "loading" where its model was loading. Streams are read by hand (fetch + a reader), since
  * EventSource cannot POST; an SSE comment or the proxy's own waiting chunk
  * (id chatcmpl-gpuproxy-wait) is a sign of waiting, not a token.
+ *
+ * The chat and load-test pickers offer, besides the local models, the selectors and the peers'
+ * models the proxy knows (the WebSocket state's `routing`), as llama-swap's load test targets
+ * any of them. An answer is rendered as Markdown by markdown.js (text escaped first), once per
+ * animation frame while it streams.
  */
 (function () {
   "use strict";
@@ -20,6 +25,9 @@
   var modelState = {};   // model id -> "stopped" | "starting" | "ready" | …
   var loadSpans = {};    // model id -> [{start, end}] (end null while starting)
   var modelIds = [];
+  var selectors = [];    // the routing section's selectors: {id, strategy, pick, ...}
+  var peerModels = [];   // "<peer>/<model>" for each model a peer lists
+  var targetsKey = "";   // what the pickers were last filled with
 
   function $(sel, root) { return (root || document).querySelector(sel); }
   function all(sel, root) { return Array.prototype.slice.call((root || document).querySelectorAll(sel)); }
@@ -123,22 +131,71 @@
       if (m.state !== "starting" && before === "starting" && spans.length) spans[spans.length - 1].end = t;
       modelState[m.id] = m.state;
     });
-    if (ids.join("\n") !== modelIds.join("\n")) {
+    var routing = state.routing || {};
+    selectors = routing.selectors || [];
+    peerModels = [];
+    (routing.peers || []).forEach(function (p) {
+      (p.models || []).forEach(function (m) { peerModels.push(p.id + "/" + m); });
+    });
+    var key = [ids.join("\n"), selectors.map(function (x) { return x.id; }).join("\n"),
+               peerModels.join("\n")].join("\n\n");
+    if (key !== targetsKey) {
+      targetsKey = key;
       modelIds = ids;
       all("select.pg-model").forEach(fillModels);
     }
-    all("select.pg-model option").forEach(function (o) {
-      o.textContent = o.value + " (" + (modelState[o.value] || "?") + ")";
-    });
+    all("select.pg-model option").forEach(label);
     chat.refresh();
     lt.schedule();
   }
 
+  /* A picker's options: the local models; in a picker marked pg-targets (chat, load test)
+   * also the selectors and the peers' models, each group under its name. */
   function fillModels(select) {
     var chosen = select.value;
     select.textContent = "";
-    modelIds.forEach(function (id) { select.appendChild(el("option", {value: id}, id)); });
-    if (modelIds.indexOf(chosen) >= 0) select.value = chosen;
+    function add(parent, id, kind) {
+      var o = el("option", {value: id, "data-kind": kind}, id);
+      label(o);
+      parent.appendChild(o);
+    }
+    var wide = select.classList.contains("pg-targets") && (selectors.length || peerModels.length);
+    var models = wide ? el("optgroup", {label: "models"}) : select;
+    modelIds.forEach(function (id) { add(models, id, "model"); });
+    if (wide) {
+      select.appendChild(models);
+      [["selectors", selectors.map(function (x) { return x.id; }), "selector"],
+       ["peers", peerModels, "peer"]].forEach(function (g) {
+        if (!g[1].length) return;
+        var group = el("optgroup", {label: g[0], "data-kind": g[2]});
+        g[1].forEach(function (id) { add(group, id, g[2]); });
+        select.appendChild(group);
+      });
+    }
+    var values = all("option", select).map(function (o) { return o.value; });
+    if (values.indexOf(chosen) >= 0) select.value = chosen;
+  }
+
+  function selectorOf(id) {
+    return selectors.filter(function (x) { return x.id === id; })[0] || null;
+  }
+
+  /* What an option says: a model's state, a selector's strategy and the target it would
+   * pick now, a peer's model as such. */
+  function label(o) {
+    var kind = o.dataset.kind || "model";
+    var sel = kind === "selector" ? selectorOf(o.value) : null;
+    o.textContent = kind === "peer" ? o.value + " (peer)"
+      : sel ? o.value + " (" + sel.strategy + " selector → " + (sel.pick || "?") + ")"
+      : o.value + " (" + (modelState[o.value] || "?") + ")";
+  }
+
+  /* The local model whose load a request for `id` waits on: itself, or the model its
+   * selector would pick now; a peer's model loads elsewhere (null). */
+  function localModel(id) {
+    if (modelState[id] !== undefined) return id;
+    var sel = selectorOf(id);
+    return sel && modelState[sel.pick] !== undefined ? sel.pick : null;
   }
 
   function connect(attempt) {
@@ -175,10 +232,25 @@
 
     function refresh() {
       if (!live || live.first !== null) return;
-      var text = modelState[live.model] === "starting" ? "loading " + live.model + "…"
+      var local = localModel(live.model);
+      var loading = local !== null && modelState[local] === "starting";
+      var text = loading ? "loading " + local + "…"
         : live.waitText || "waiting for " + live.model + "…";
       status.textContent = text;
-      status.dataset.phase = modelState[live.model] === "starting" ? "loading" : "waiting";
+      status.dataset.phase = loading ? "loading" : "waiting";
+    }
+
+    /* The answer so far as Markdown, at most once a frame while it streams. */
+    function markdown(content, raw, now) {
+      function draw() {
+        content.dataset.frame = "";
+        content.innerHTML = window.gpuproxyMarkdown.render(raw());
+        log.scrollTop = log.scrollHeight;  // the answer grew: keep its end in view
+      }
+      if (now) { draw(); return; }
+      if (content.dataset.frame) return;
+      content.dataset.frame = "1";
+      requestAnimationFrame(function () { if (content.dataset.frame) draw(); });
     }
 
     function send(e) {
@@ -198,8 +270,10 @@
       var thought = el("div", {"class": "pg-thought"});
       details.appendChild(thought);
       b.appendChild(details);
-      var content = el("div", {"class": "pg-content", "data-testid": "chat-content"});
+      var content = el("div", {"class": "pg-content pg-md", "data-testid": "chat-content"});
       b.appendChild(content);
+      var answer = "";
+      function raw() { return answer; }
       live = {model: model, started: now(), first: null, waitText: "", ctrl: new AbortController(),
               tokens: 0};
       var mine = live;
@@ -217,16 +291,22 @@
       var body = {model: model, messages: messages, stream: true,
                   max_tokens: parseInt(form.max_tokens.value, 10) || undefined};
       stream(body, form.priority.value, live.ctrl.signal, {
-        content: function (t) { token(); content.textContent += t; log.scrollTop = log.scrollHeight; },
+        content: function (t) {
+          token();
+          answer += t;
+          markdown(content, raw, false);
+        },
         reasoning: function (t) { token(); details.hidden = false; thought.textContent += t; },
         waiting: function (t) { if (t) { mine.waitText = t; refresh(); } }
       }).then(function () {
-        history.push({role: "assistant", content: content.textContent});
+        markdown(content, raw, true);
+        history.push({role: "assistant", content: answer});
         var took = now() - mine.started;
         status.dataset.phase = "done";
         status.textContent = "done: first token " + ms(mine.first === null ? null : mine.first - mine.started)
           + ", " + mine.tokens + " tokens in " + ms(took);
       }, function (err) {
+        markdown(content, raw, true);
         status.dataset.phase = "error";
         b.classList.add("pg-failed");
         if (err.name === "AbortError") {
@@ -278,7 +358,7 @@
       }
       cell("count", g.count, {min: 1, max: 200});
       var mtd = el("td");
-      var sel = el("select", {name: "model", "class": "pg-model"});
+      var sel = el("select", {name: "model", "class": "pg-model pg-targets"});
       fillModels(sel);
       mtd.appendChild(sel);
       tr.appendChild(mtd);
@@ -311,7 +391,8 @@
     }
 
     function fire(g) {
-      var r = {index: run.requests.length + 1, model: g.model, priority: g.priority,
+      var r = {index: run.requests.length + 1, model: g.model, local: localModel(g.model),
+               priority: g.priority,
                sent: now() - run.t0, first: null, end: null, rank: null, tokens: 0,
                state: "waiting", error: ""};
       run.requests.push(r);
@@ -379,7 +460,9 @@
     }
 
     function phaseOf(r) {
-      if (r.state === "waiting" && modelState[r.model] === "starting") return "loading";
+      if (r.state === "waiting" && r.local !== null && modelState[r.local] === "starting") {
+        return "loading";
+      }
       return r.state;
     }
 
@@ -443,7 +526,7 @@
                 "lt-label lt-" + bandOf);
         var waitEnd = r.first !== null ? r.first : (r.end !== null ? r.end : t);
         rect(g, left + r.sent * scale, y + 2, (waitEnd - r.sent) * scale, row - 4, "ph-waiting");
-        (loadSpans[r.model] || []).forEach(function (span) {
+        (loadSpans[r.local] || []).forEach(function (span) {
           var a = Math.max(r.sent, span.start - run.t0);
           var b = Math.min(waitEnd, span.end === null ? t : span.end - run.t0);
           if (b > a) rect(g, left + a * scale, y + 2, (b - a) * scale, row - 4, "ph-loading");
@@ -523,6 +606,92 @@
     return {schedule: schedule};
   })();
 
+  // ---- speech: the model's voices ------------------------------------------------------
+
+  /* llama-swap's speech tab asks `/v1/audio/voices?model=` for the list. Asking loads the
+   * model, so it happens on a click, never by itself; the answers are kept per model for the
+   * page's life. The voice stays free text: a model without the endpoint (or a list without
+   * the wanted voice) still speaks with a typed one. The list may be an array of names, or
+   * `{voices: [...]}` / `{data: [...]}` of names or of objects with `voice_id`, `id` or
+   * `name`. With API keys defined the proxy takes the page's session on a POST only, so a
+   * refused GET is asked again as a POST with the model in the body. */
+  var voices = (function () {
+    var form = $("[data-testid=speech-form]");
+    var pick = $("[name=voice_choice]", form);
+    var typed = $("[name=voice]", form);
+    var note = $("#speech-voices-note");
+    var button = $("#speech-voices");
+    var known = {};  // model -> [names]
+
+    function names(j) {
+      var list = Array.isArray(j) ? j : (j && (j.voices || j.data)) || [];
+      return list.map(function (v) {
+        return typeof v === "string" ? v : v && (v.voice_id || v.id || v.name);
+      }).filter(function (v) { return typeof v === "string" && v; });
+    }
+
+    function show(model) {
+      var list = known[model];
+      pick.textContent = "";
+      if (!list || !list.length) {
+        pick.hidden = true;
+        typed.hidden = false;
+        return;
+      }
+      list.forEach(function (v) { pick.appendChild(el("option", {value: v}, v)); });
+      pick.appendChild(el("option", {value: ""}, "other (type it)…"));
+      pick.hidden = false;
+      pick.value = list.indexOf(typed.value) >= 0 ? typed.value : list[0];
+      typed.hidden = pick.value !== "";
+    }
+
+    function ask(model) {
+      var url = "/v1/audio/voices?model=" + encodeURIComponent(model);
+      return fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}})
+        .then(function (resp) {
+          if (resp.status === 401 || resp.status === 403) return post(url, {model: model});
+          if (resp.ok) return resp;
+          return errorOf(resp).then(function (m) { throw new Error(m); });
+        })
+        .then(function (resp) { return resp.json(); });
+    }
+
+    function load() {
+      var model = form.model.value;
+      if (!model) return;
+      button.disabled = true;
+      note.dataset.state = "asking";
+      note.textContent = "asking " + model + " for its voices…";
+      ask(model).then(function (j) {
+        known[model] = names(j);
+        note.dataset.state = known[model].length ? "listed" : "none";
+        note.textContent = known[model].length
+          ? known[model].length + " voices from " + model
+          : model + " lists no voice: type one";
+      }, function (err) {
+        known[model] = [];
+        note.dataset.state = "failed";
+        note.textContent = "no voice list (" + err.message + "): type a voice";
+      }).then(function () {
+        button.disabled = false;
+        if (form.model.value === model) show(model);
+      });
+    }
+
+    button.addEventListener("click", load);
+    pick.addEventListener("change", function () {
+      typed.hidden = pick.value !== "";
+      if (pick.value === "") typed.focus();
+    });
+    form.model.addEventListener("change", function () {
+      note.textContent = "";
+      show(form.model.value);
+    });
+    return {
+      chosen: function () { return !pick.hidden && pick.value ? pick.value : typed.value; }
+    };
+  })();
+
   // ---- the other endpoints: one form each -----------------------------------------------
 
   var simple = {
@@ -543,7 +712,7 @@
     },
     speech: function (f) {
       return post("/v1/audio/speech", {model: f.model.value, input: f.input.value,
-                                      voice: f.voice.value})
+                                      voice: voices.chosen()})
         .then(function (resp) { return resp.blob(); })
         .then(function (blob) {
           return el("audio", {controls: "", src: URL.createObjectURL(blob),
