@@ -335,8 +335,13 @@ async def log_in(client: AsyncClient, staff: bool) -> None:
     from django.contrib.auth.models import User
 
     def run() -> None:
+        from django.contrib.auth.models import Permission
+
         user = User.objects.create_user("staff" if staff else "someone", password="pw",
                                         is_staff=staff)
+        # the permission the admin's request log asks for (a staff member without it is
+        # refused: tests/test_dashboard_pages.py)
+        user.user_permissions.add(Permission.objects.get(codename="view_requestlog"))
         client.force_login(user)
 
     await runtime.run_db(run)
