@@ -31,9 +31,9 @@ if str(ROOT) not in sys.path:  # run as a script: make the project importable
 from bench.activity_partitions import (  # noqa: E402
     DAYS,
     DEFAULT_URL,
-    admin,
+    drop_scratch_database,
     fill,
-    server_url,
+    scratch_database,
 )
 
 BENCH_DB = "gpuproxy_bench_activity_page"
@@ -61,20 +61,9 @@ def main() -> int:
     args = parser.parse_args()
 
     url = os.environ.get("DATABASE_URL") or DEFAULT_URL
-    try:
-        admin(url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        admin(url, f'CREATE DATABASE "{args.database}"')
-    except Exception as exc:
-        print(f"activity_page: skipped, PostgreSQL not reachable at {url} ({exc})")
+    if not scratch_database(url, args.database, "activity_page"):
         return 0
-    os.environ["DATABASE_URL"] = server_url(url, args.database)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuproxy.settings")
-
-    import django
-
-    django.setup()
     from django.core.management import call_command
-    from django.db import connections
     from django.http import QueryDict
 
     from activity import partitions
@@ -94,12 +83,7 @@ def main() -> int:
                 row[name] = timed(read, args.repeat)
             row["stats"] = timed(stats_query(QueryDict(f"since={window}")), args.repeat)
     finally:
-        for conn in connections.all():
-            close_pool = getattr(conn, "close_pool", None)
-            if close_pool is not None:
-                close_pool()
-            conn.close()
-        admin(url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        drop_scratch_database(url, args.database)
 
     per_day = args.rows / DAYS
     print(f"activity page: {args.rows:,} rows over {DAYS} days ({per_day:,.0f} a day), "

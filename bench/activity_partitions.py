@@ -77,6 +77,36 @@ def admin(url: str, statement: str) -> None:
         conn.execute(statement)
 
 
+def scratch_database(url: str, name: str, bench: str) -> bool:
+    """A fresh database `name` on the server of `url`, and Django set up on it; False (said
+    on stdout) when PostgreSQL cannot be reached, so that the bench is skipped, not failed."""
+    try:
+        admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin(url, f'CREATE DATABASE "{name}"')
+    except Exception as exc:
+        print(f"{bench}: skipped, PostgreSQL not reachable at {url} ({exc})")
+        return False
+    os.environ["DATABASE_URL"] = server_url(url, name)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuproxy.settings")
+
+    import django
+
+    django.setup()
+    return True
+
+
+def drop_scratch_database(url: str, name: str) -> None:
+    """Close this process's sessions (a psycopg pool keeps some open), then drop `name`."""
+    from django.db import connections
+
+    for conn in connections.all():
+        close_pool = getattr(conn, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
+        conn.close()
+    admin(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def execute(sql: str, params=None) -> list[tuple]:
     from django.db import connection
 
@@ -129,20 +159,9 @@ def main() -> int:
     args = parser.parse_args()
 
     url = os.environ.get("DATABASE_URL") or DEFAULT_URL
-    try:
-        admin(url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        admin(url, f'CREATE DATABASE "{args.database}"')
-    except Exception as exc:
-        print(f"activity_partitions: skipped, PostgreSQL not reachable at {url} ({exc})")
+    if not scratch_database(url, args.database, "activity_partitions"):
         return 0
-    os.environ["DATABASE_URL"] = server_url(url, args.database)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuproxy.settings")
-
-    import django
-
-    django.setup()
     from django.core.management import call_command
-    from django.db import connections
 
     from activity import partitions
 
@@ -169,12 +188,7 @@ def main() -> int:
         parted_rate = insert_rate(args.insert_rows)
         version = execute("SHOW server_version")[0][0]
     finally:
-        for conn in connections.all():
-            close_pool = getattr(conn, "close_pool", None)
-            if close_pool is not None:
-                close_pool()
-            conn.close()
-        admin(url, f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        drop_scratch_database(url, args.database)
 
     print(f"activity partitions: PostgreSQL {version}, {os.cpu_count()} CPUs, "
           f"{args.rows:,} rows over {DAYS} days ({months} monthly partitions + DEFAULT), "
