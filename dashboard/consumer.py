@@ -184,22 +184,10 @@ async def state(rt: ProxyPort) -> dict[str, Any]:
 
 
 async def _profile_in_force(rt: ProxyPort, name: str, version: int) -> bool:
-    """Wait until the catalog in force has `name` active, or settings `version` or later (a
-    later switch won: this one was applied and replaced); False after PROFILE_APPLY_WITHIN.
-    It is replaced, not announced, in a request process (the hub's push): hence a poll."""
-    deadline = time.monotonic() + PROFILE_APPLY_WITHIN
-
-    def shown() -> bool:
-        catalog = rt.catalog
-        seen = catalog.fingerprint[0] if catalog.fingerprint else None
-        active = catalog.active_profile if catalog.active_profile in catalog.profiles else ""
-        return active == name or (isinstance(seen, int) and seen >= version)
-
-    while not shown():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(PROFILE_APPLY_POLL)
-    return True
+    """`runtime.profile_in_force`, as PUT /api/profiles/active waits, within
+    PROFILE_APPLY_WITHIN seconds."""
+    return await runtime.profile_in_force(rt, name, version, within=PROFILE_APPLY_WITHIN,
+                                          poll=PROFILE_APPLY_POLL)
 
 
 def _same_origin(scope: dict[str, Any]) -> bool:

@@ -16,10 +16,8 @@ after the answer routes by the new profile (docs/llama-swap.md, "Profiles").
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
@@ -88,24 +86,9 @@ def _requested_name(body: bytes) -> str | HttpResponse:
 
 
 async def _in_force(name: str, version: int) -> bool:
-    """Wait until the catalog this process routes by has `name` active, or shows settings
-    `version` or later (a racing switch that came after this one won: this one was applied
-    and replaced), at most APPLY_WITHIN seconds. Every request process gets the same push
-    from the hub at once."""
-    rt = await runtime.port()
-    deadline = time.monotonic() + APPLY_WITHIN
-
-    def shown() -> bool:
-        catalog = rt.catalog
-        seen = catalog.fingerprint[0] if catalog.fingerprint else None
-        return ((active_in(catalog) or "") == name
-                or (isinstance(seen, int) and seen >= version))
-
-    while not shown():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(APPLY_POLL)
-    return True
+    """`runtime.profile_in_force` for this process's catalog, within APPLY_WITHIN seconds."""
+    return await runtime.profile_in_force(await runtime.port(), name, version,
+                                          within=APPLY_WITHIN, poll=APPLY_POLL)
 
 
 @api_view(("PUT",))

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -376,6 +377,28 @@ async def port() -> ProxyPort:
 
         return await remote.get(_hub)
     return await get()
+
+
+async def profile_in_force(rt: ProxyPort, name: str, version: int, *, within: float,
+                           poll: float) -> bool:
+    """Wait until the catalog `rt` routes by has the profile `name` active ("" for none), or
+    shows settings `version` or later (a racing switch that came after this one won: this one
+    was applied and replaced); False after `within` seconds. The catalog is replaced, not
+    announced, in a request process (the hub's push to every one at once): hence a poll. The
+    profiles API and the dashboard's profile action both answer once this is true."""
+    deadline = time.monotonic() + within
+
+    def shown() -> bool:
+        catalog = rt.catalog
+        seen = catalog.fingerprint[0] if catalog.fingerprint else None
+        active = catalog.active_profile if catalog.active_profile in catalog.profiles else ""
+        return active == name or (isinstance(seen, int) and seen >= version)
+
+    while not shown():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(poll)
+    return True
 
 
 def current() -> ProxyPort | None:
