@@ -1,0 +1,194 @@
+"""The activity log's window as `scheduling.whatif` replays it: the requests that ran, the swap
+costs measured from the window's own loads, and what was loaded when it began.
+
+`gpuproxy whatif` and the settings page's what-if panel (`GET /api/whatif`) both call
+`report`; the replay itself is plain Python (`scheduling/whatif.py`). Runs in a worker thread
+or a command: it uses the ORM.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Iterable, Sequence
+
+from activity import events
+from activity.models import ModelEvent, RequestLog
+from scheduling.catalog_db import build_catalog
+from scheduling.core.config import SchedulerConfig
+from scheduling.guarantees import format_duration
+from scheduling.whatif import (
+    Recorded,
+    Report,
+    WhatIfError,
+    Window,
+    compare,
+    settings_of,
+    variant,
+)
+
+#: a model whose swap cost nothing in the log measures is assumed to take this long
+DEFAULT_SWAP_COST = 10.0
+#: loads before the window that measure a model when the window has none
+LOADS_BEFORE = 20
+#: the most requests one replay takes: the newest of a longer window
+MAX_REQUESTS = 200_000
+
+NEVER_RAN = "never dispatched (rejected, cancelled or failed before a grant: no service time)"
+PEER = "served by a peer (not this box's GPU)"
+UNDEFINED = "for a model no longer defined"
+UNFINISHED = "still running"
+TRIMMED = "older than the newest {n:,} (the most one replay takes)"
+_STOPPED = (events.UNLOAD, events.IDLE_UNLOAD, events.CRASH, events.START_FAILED)
+
+
+def report(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None,
+           aging_divisor: float | None = None, swap_affinity_bonus: float | None = None,
+           swap_cost: float | None = None, models: Sequence[str] = (),
+           config: SchedulerConfig | None = None) -> Report:
+    """Replay [start, end) under today's settings (the catalog's) and under these ones.
+
+    `swap_cost`: seconds per swap for every model, instead of the measured ones. `models`:
+    only their requests count in the figures; every request is replayed, since they all
+    shared the box. Raises `WhatIfError` for settings the settings page refuses or a window
+    with nothing to replay.
+    """
+    if end <= start:
+        raise WhatIfError("the window ends before it starts: give --from earlier than --to")
+    if swap_cost is not None and not swap_cost > 0:
+        raise WhatIfError("--swap-cost must be auto or a positive number of seconds")
+    config = config or build_catalog().scheduler_config()
+    other, notes = variant(settings_of(config), scheduler, aging_divisor, swap_affinity_bonus)
+    window = read_window(start, end, config, models, swap_cost)
+    unknown = sorted(set(models) - {r.model for r in window.rows})
+    if unknown:
+        notes.append("no replayed request for " + ", ".join(unknown))
+    return compare(window, config, other, notes)
+
+
+def read_window(start: dt.datetime, end: dt.datetime, config: SchedulerConfig,
+                models: Sequence[str] = (), swap_cost: float | None = None) -> Window:
+    rows: list[Recorded] = []
+    left_out = {NEVER_RAN: 0, PEER: 0, UNDEFINED: 0, UNFINISHED: 0}
+    qs = (RequestLog.objects.filter(received_at__gte=start, received_at__lt=end)
+          .order_by("-received_at")
+          .values_list("received_at", "dispatched_at", "finished_at", "model", "priority",
+                       "queue_wait_ms", "scheduler"))
+    taken = 0
+    trimmed = 0
+    for received, dispatched, finished, model, priority, wait_ms, scheduler in qs.iterator(
+            chunk_size=5000):
+        if dispatched is None:
+            left_out[NEVER_RAN] += 1
+        elif scheduler == "peer" or model in config.peer_models:
+            left_out[PEER] += 1
+        elif model not in config.models:
+            left_out[UNDEFINED] += 1
+        elif finished is None:
+            left_out[UNFINISHED] += 1
+        elif taken >= MAX_REQUESTS:
+            trimmed += 1
+        else:
+            taken += 1
+            # the arrival the scheduler aged from (a trusted peer's request: its first one)
+            arrived = (dispatched - dt.timedelta(milliseconds=wait_ms) if wait_ms is not None
+                       else received)
+            rows.append(Recorded(
+                arrival=(arrived - start).total_seconds(), model=model, priority=priority,
+                service=max(0.0, (finished - dispatched).total_seconds()),
+                wait=(wait_ms or 0.0) / 1000, reported=not models or model in models))
+    if trimmed:
+        left_out[TRIMMED.format(n=MAX_REQUESTS)] = trimmed
+    rows.sort(key=lambda r: r.arrival)
+    if trimmed:  # the window now starts at its oldest replayed request
+        start = start + dt.timedelta(seconds=rows[0].arrival)
+        rows = [Recorded(r.arrival - rows[0].arrival, r.model, r.priority, r.service, r.wait,
+                         r.reported) for r in rows]
+    used = {r.model for r in rows}
+    load: dict[str, float] = {}
+    basis: dict[str, str] = {}
+    default = DEFAULT_SWAP_COST if swap_cost is None else swap_cost
+    if swap_cost is None:
+        load, basis = measure_swap_costs(start, end, used)
+    return Window(label=label(start, end), rows=tuple(rows),
+                  left_out={k: v for k, v in left_out.items() if v}, load=load,
+                  load_basis=basis, swap_cost=default,
+                  preload=loaded_at(start, config.models, rows),
+                  recorded_swaps=recorded_loads(start, end))
+
+
+def measure_swap_costs(start: dt.datetime, end: dt.datetime, models: Iterable[str]
+                       ) -> tuple[dict[str, float], dict[str, str]]:
+    """Each model's swap: the median of its loads (spawn → ready) in the window, else of its
+    last loads before it, else the median wait of its requests for a load; plus the median
+    stop of a model evicted for a swap in the window, which the swap waited for too."""
+    stops = _median(ModelEvent.objects.filter(at__gte=start, at__lt=end, kind=events.UNLOAD,
+                                              reason=events.SWAP, duration_ms__isnull=False)
+                    .values_list("duration_ms", flat=True))
+    stop = (stops or 0.0) / 1000
+    load: dict[str, float] = {}
+    basis: dict[str, str] = {}
+    for model in sorted(models):
+        ready = ModelEvent.objects.filter(model=model, kind=events.READY,
+                                          duration_ms__isnull=False)
+        inside = list(ready.filter(at__gte=start, at__lt=end).values_list("duration_ms",
+                                                                            flat=True))
+        if inside:
+            how = f"median of {len(inside)} load{'s' * (len(inside) != 1)} in the window"
+        else:
+            inside = list(ready.filter(at__lt=start).order_by("-at")
+                          .values_list("duration_ms", flat=True)[:LOADS_BEFORE])
+            how = f"median of its last {len(inside)} load{'s' * (len(inside) != 1)} before"
+        if not inside:
+            inside = list(RequestLog.objects.filter(
+                model=model, received_at__gte=start, received_at__lt=end,
+                swap_ms__isnull=False).values_list("swap_ms", flat=True))
+            how = f"median wait of {len(inside)} of its requests for its load"
+            if not inside:
+                continue
+            stop_part = 0.0  # a request's wait for a load includes the stop before it
+        else:
+            stop_part = stop
+        load[model] = (_median(inside) or 0.0) / 1000 + stop_part
+        basis[model] = how + (f" + a stop of {format_duration(stop)}" if stop_part else "")
+    return load, basis
+
+
+def loaded_at(start: dt.datetime, defined: Iterable[str], rows: Sequence[Recorded]
+              ) -> tuple[str, ...]:
+    """The models loaded when the window starts: the last event of each before it is a load
+    or its ready. A log without model events: the first request's model, if it waited for no
+    load (its recorded wait was under a second)."""
+    defined = set(defined)
+    last: dict[str, str] = {}
+    for model, kind in (ModelEvent.objects.filter(at__lt=start, model__in=defined)
+                        .exclude(kind=events.RESTART).order_by("at")
+                        .values_list("model", "kind")):
+        last[model] = kind
+    if last:
+        return tuple(sorted(m for m, k in last.items() if k in (events.LOAD, events.READY)))
+    if rows and rows[0].wait < 1.0 and not ModelEvent.objects.exists():
+        return (rows[0].model,)
+    return ()
+
+
+def recorded_loads(start: dt.datetime, end: dt.datetime) -> int | None:
+    """Loads the log has in the window (None when the log has no model events at all, as
+    before they were recorded)."""
+    if not ModelEvent.objects.exists():
+        return None
+    return ModelEvent.objects.filter(at__gte=start, at__lt=end, kind=events.LOAD).count()
+
+
+def label(start: dt.datetime, end: dt.datetime) -> str:
+    span = format_duration((end - start).total_seconds())
+    a, b = start.astimezone(dt.UTC), end.astimezone(dt.UTC)
+    return f"{a:%Y-%m-%d %H:%M:%S} → {b:%Y-%m-%d %H:%M:%S} UTC ({span})"
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+__all__ = ["WhatIfError", "read_window", "report"]
