@@ -270,6 +270,7 @@ def build_config(models: Sequence[str], policy: Policy,
         scheduler="serial" if policy.kind == "serial" else "fifo",
         aging_divisor=policy.divisor,
         swap_affinity_bonus=policy.bonus,
+        report_positions=False,  # no client listens: about half a long replay's time
     )
 
 

@@ -188,7 +188,7 @@ def replay_config(config: SchedulerConfig, settings: Settings) -> SchedulerConfi
                 for m, c in config.models.items()},
         scheduler=settings.scheduler, aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
-        max_waiting=0, max_waiting_per_band={})
+        max_waiting=0, max_waiting_per_band={}, report_positions=False)
 
 
 def run(window: Window, config: SchedulerConfig, settings: Settings) -> Replay:

@@ -103,7 +103,7 @@ def test_settings_are_checked_as_the_settings_page_checks_them():
 
 
 def test_an_empty_window_says_why():
-    with pytest.raises(WhatIfError, match="no request to replay.*3 never dispatched.*--since"):
+    with pytest.raises(WhatIfError, match=r"no request to replay.*3 never dispatched.*--since"):
         compare(Window("the last hour", (), left_out={"never dispatched": 3}),
                 one_at_a_time("A"), Settings())
 

@@ -252,6 +252,8 @@ class Fifo(Ledger):
 
     def _report_positions(self) -> None:
         """Tell each queued request its 1-based position, when it is new or has changed."""
+        if not self._config.report_positions:
+            return
         queued = set(self._queue)
         for r in [r for r in self._positions if r not in queued]:
             del self._positions[r]

@@ -239,6 +239,8 @@ class ScoreQueue(Ledger):
         has changed. Pushes and removals keep the cached order by bisection, so only the
         positions from the first changed index on are looked at; it is re-ranked only when
         the set of loaded models or the settings changed."""
+        if not self._config.report_positions:
+            return
         if not self._live:  # nothing to report; the next queue is ranked afresh
             self._invalidate_order()
             return

@@ -9,6 +9,7 @@ is swap + exclusive, so they are mutually exclusive, one at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -362,6 +363,16 @@ def test_fifo_position_changed_reported():
     cancel(s, c)
     assert fx.positions[4:] == [(b, 1), (d, 2)]
     assert [fx.position(r) for r in s.queued()] == [1, 2]
+
+
+def test_fifo_positions_not_reported_when_the_config_says_no_one_listens():
+    """A replay (scheduling/replay.py) has no client to tell; the same order, no reports."""
+    s, fx = fifo(states={"a": READY})
+    s = Fifo(dataclasses.replace(s.config, report_positions=False), fx)
+    arrive(s, "a")
+    b = arrive(s, "b")
+    c = arrive(s, "c", priority=1)
+    assert fx.positions == [] and s.queued() == [c, b]
 
 
 # ---- cancellation and departed clients ----------------------------------------------------

@@ -867,6 +867,16 @@ def test_serial_positions_reported_in_score_order():
     assert fx.positions[4:] == [(b, 1), (d, 2)]
 
 
+def test_serial_positions_not_reported_when_the_config_says_no_one_listens():
+    """A replay (scheduling/replay.py) has no client to tell; the same order, no reports."""
+    s, fx = serial(states={"a": READY})
+    s = Serial(replace(s.config, report_positions=False), fx)
+    arrive(s, "a")
+    b = arrive(s, "b")
+    c = arrive(s, "c", priority=1)
+    assert fx.positions == [] and s.queued() == [c, b]
+
+
 def test_serial_satisfies_scheduler_shape():
     """The shell dispatches by these names and the bench and metrics read these."""
     s, _ = serial()
