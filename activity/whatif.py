@@ -32,7 +32,7 @@ DEFAULT_SWAP_COST = 10.0
 #: loads before the window that measure a model when the window has none
 LOADS_BEFORE = 20
 #: the most requests one replay takes: the newest of a longer window
-MAX_REQUESTS = 200_000
+MAX_REQUESTS = 100_000
 
 NEVER_RAN = "never dispatched (rejected, cancelled or failed before a grant: no service time)"
 PEER = "served by a peer (not this box's GPU)"
