@@ -45,9 +45,11 @@ _STOPPED = (events.UNLOAD, events.IDLE_UNLOAD, events.CRASH, events.START_FAILED
 def report(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None,
            aging_divisor: float | None = None, swap_affinity_bonus: float | None = None,
            swap_cost: float | None = None, models: Sequence[str] = (),
-           config: SchedulerConfig | None = None) -> Report:
+           config: SchedulerConfig | None = None,
+           ttl: dict[str, float] | None = None) -> Report:
     """Replay [start, end) under today's settings (the catalog's) and under these ones.
 
+    `config` and `ttl` are the catalog's unless given (tests give them).
     `swap_cost`: seconds per swap for every model, instead of the measured ones. `models`:
     only their requests count in the figures; every request is replayed, since they all
     shared the box. Raises `WhatIfError` for settings the settings page refuses or a window
@@ -57,13 +59,16 @@ def report(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None
         raise WhatIfError("the window ends before it starts: give --from earlier than --to")
     if swap_cost is not None and not swap_cost > 0:
         raise WhatIfError("--swap-cost must be auto or a positive number of seconds")
-    config = config or build_catalog().scheduler_config()
+    if config is None:  # today's: the catalog's models, swap rules, settings and ttls
+        catalog = build_catalog()
+        config = catalog.scheduler_config()
+        ttl = {m: float(c.ttl) for m, c in catalog.models.items() if c.ttl > 0}
     other, notes = variant(settings_of(config), scheduler, aging_divisor, swap_affinity_bonus)
     window = read_window(start, end, config, models, swap_cost)
     unknown = sorted(set(models) - {r.model for r in window.rows})
     if unknown:
         notes.append("no replayed request for " + ", ".join(unknown))
-    return compare(window, config, other, notes)
+    return compare(window, config, other, notes, ttl)
 
 
 def read_window(start: dt.datetime, end: dt.datetime, config: SchedulerConfig,

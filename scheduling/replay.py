@@ -40,6 +40,7 @@ from scheduling.core.errors import SchedulingError
 from scheduling.core.events import (
     Cancelled,
     Dispatch,
+    ModelExited,
     Request,
     RequestArrived,
     ServeDone,
@@ -96,6 +97,9 @@ class ArrivalOrder:
         self._in_flight[ev.req.model] -= 1
         self._step()
 
+    def on_model_exited(self, ev: ModelExited) -> None:
+        self._step()  # its head, if for that model, now starts a load
+
     def _step(self) -> None:
         fx = self._fx
         while self._queue and self._swapping is None:
@@ -141,15 +145,21 @@ class SimEffects:
     A swap stops its evict set and readies its target `swap_cost` seconds after it starts
     (its own `load` time where the box gives one; STOPPING / STARTING meanwhile). Each model
     has `parallel` upstream slots; a request granted while they are full waits in the
-    upstream's own FIFO (only fifo does that).
+    upstream's own FIFO (only fifo does that). A model with a `ttl` unloads once idle that
+    long, as `gpuproxy.upstream.lifecycle` does it: idle since its ready, its last grant or
+    its last request's end, nothing in flight; the scheduler hears `ModelExited`.
     """
 
     def __init__(self, sim: Simulation, config: SchedulerConfig, swap_cost: float,
-                 load: dict[str, float] | None = None) -> None:
+                 load: dict[str, float] | None = None,
+                 ttl: dict[str, float] | None = None) -> None:
         self._sim = sim
         self._config = config
         self._swap_cost = swap_cost
         self._load = load or {}
+        self._ttl = ttl or {}
+        self._used: dict[str, float] = {}  # model -> when it was last ready, granted or done
+        self.idle_unloads = 0
         self.states: dict[str, str] = {}
         self.swaps: list[tuple[float, str, list[str]]] = []  # (now, target, evict)
         self._busy: dict[str, int] = {}
@@ -176,7 +186,21 @@ class SimEffects:
         for m in evict:
             self.states[m] = STOPPED
         self.states[model] = READY
+        self._touch(model)
         self._sim.scheduler.on_swap_done(SwapDone(model, self._sim.now))
+
+    def _touch(self, model: str) -> None:
+        now = self._used[model] = self._sim.now
+        if self._ttl.get(model, 0) > 0:
+            self._sim.at(now + self._ttl[model], self._ttl_due, model, now)
+
+    def _ttl_due(self, model: str, since: float) -> None:
+        if (self._used.get(model) != since or self.states.get(model) != READY
+                or self._busy.get(model) or self._upstream_queue.get(model)):
+            return  # used since, gone, or busy: a later check (or none) decides
+        self.states[model] = STOPPED
+        self.idle_unloads += 1
+        self._sim.scheduler.on_model_exited(ModelExited(model, self._sim.now))
 
     def grant_serve(self, req: Request, model: str) -> bool:
         job: Job = req.handle
@@ -184,6 +208,7 @@ class SimEffects:
             raise AssertionError(f"t={self._sim.now}: grant to {model!r}, which is not ready")
         job.granted = self._sim.now
         job.dispatch = req.dispatch
+        self._touch(model)
         self._upstream_queue.setdefault(model, deque()).append(req)
         self._start_next(model)
         return True
@@ -201,6 +226,7 @@ class SimEffects:
         job: Job = req.handle
         job.done = self._sim.now
         self._busy[model] -= 1
+        self._touch(model)
         self._start_next(model)  # the upstream's own queue moves first (fifo only)
         self._sim.scheduler.on_serve_done(ServeDone(req, self._sim.now))
 
@@ -251,6 +277,7 @@ class Replay:
     stats: SchedulerStats | None = None  # the core's counters at the end (serial, fifo)
     swap_log: tuple[tuple[float, str, tuple[str, ...]], ...] = field(default=())
     # (when, target, evicted)
+    idle_unloads: int = 0  # models unloaded by their ttl
 
     def waits(self, band_name: str | None = None) -> list[float]:
         """Arrival → start of service on the upstream, per request of `band_name` (all: None).
@@ -283,17 +310,19 @@ for _name in ("scheduling.serial", "scheduling.fifo"):
 
 def replay(rows: Sequence[Row], config: SchedulerConfig, swap_cost: float,
            load: dict[str, float] | None = None, preload: Iterable[str] = (),
-           arrival_order: bool = False, label: str = "replay") -> Replay:
+           arrival_order: bool = False, label: str = "replay",
+           ttl: dict[str, float] | None = None) -> Replay:
     """Replay `rows` (sorted by arrival) under `config` and return what happened to each.
 
     `swap_cost`: seconds a swap takes; `load`: a model's own, where known. `preload`: models
     READY at t = 0 (none by default, so the first request pays a cold load, counted as a swap
-    like any other). `arrival_order`: the baseline instead of the core. Every model of `rows`
+    like any other). `ttl`: seconds idle after which a model unloads (none by default).
+    `arrival_order`: the baseline instead of the core. Every model of `rows`
     must be in `config.models`, and its limits must admit everything: a request the core
     refuses has no service to replay, and the run raises naming it.
     """
     sim = Simulation()
-    fx = SimEffects(sim, config, swap_cost, load)
+    fx = SimEffects(sim, config, swap_cost, load, ttl)
     for m in preload:
         fx.states[m] = READY
     sim.scheduler = (cast(Scheduler, ArrivalOrder(config, fx)) if arrival_order
@@ -314,7 +343,8 @@ def replay(rows: Sequence[Row], config: SchedulerConfig, swap_cost: float,
                              f"#{j.index} {j.row} (error: {j.error})")
     stats = getattr(sim.scheduler, "stats", None)
     return Replay(jobs, len(fx.swaps), stats=stats() if stats is not None else None,
-                  swap_log=tuple((t, m, tuple(e)) for t, m, e in fx.swaps))
+                  swap_log=tuple((t, m, tuple(e)) for t, m, e in fx.swaps),
+                  idle_unloads=fx.idle_unloads)
 
 
 def _arrive(sim: Simulation, req: Request) -> None:

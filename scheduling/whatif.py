@@ -124,6 +124,7 @@ class Outcome:
     makespan: float
     affinity_picks: int  # picks the affinity term changed (serial)
     aging_picks: int  # picks the aging term changed (serial)
+    idle_unloads: int = 0  # models unloaded by their ttl
 
 
 @dataclass(frozen=True)
@@ -191,22 +192,24 @@ def replay_config(config: SchedulerConfig, settings: Settings) -> SchedulerConfi
         max_waiting=0, max_waiting_per_band={}, report_positions=False)
 
 
-def run(window: Window, config: SchedulerConfig, settings: Settings) -> Replay:
+def run(window: Window, config: SchedulerConfig, settings: Settings,
+        ttl: dict[str, float] | None = None) -> Replay:
     rows = [Row(r.arrival, r.model, r.priority, r.service) for r in window.rows]
     return replay(rows, replay_config(config, settings), window.swap_cost, dict(window.load),
-                  window.preload, label=settings.describe())
+                  window.preload, label=settings.describe(), ttl=ttl)
 
 
 def compare(window: Window, config: SchedulerConfig, other: Settings,
-            notes: Sequence[str] = ()) -> Report:
-    """Replay `window` under the settings of `config` (today's) and under `other`."""
+            notes: Sequence[str] = (), ttl: dict[str, float] | None = None) -> Report:
+    """Replay `window` under the settings of `config` (today's) and under `other`; `ttl`:
+    each model's idle unload, seconds (the catalog's), replayed as the upstream does it."""
     if not window.rows:
         raise WhatIfError(f"no request to replay in {window.label}: "
                           + (_left_out_text(window.left_out) or "the activity log has none")
                           + "; try a longer window (--since 7d)")
     today = settings_of(config)
-    base = run(window, config, today)
-    alt = base if other == today else run(window, config, other)
+    base = run(window, config, today, ttl)
+    alt = base if other == today else run(window, config, other, ttl)
     return Report(window, outcome(window, base, today), outcome(window, alt, other),
                   fidelity(window, base), tuple(notes))
 
@@ -219,7 +222,7 @@ def outcome(window: Window, done: Replay, settings: Settings) -> Outcome:
     stats = done.stats
     return Outcome(settings, _figures(waits), done.swaps, done.makespan,
                    stats.pick_changed_by_affinity if stats else 0,
-                   stats.pick_changed_by_aging if stats else 0)
+                   stats.pick_changed_by_aging if stats else 0, done.idle_unloads)
 
 
 def fidelity(window: Window, done: Replay) -> Fidelity:
@@ -288,6 +291,9 @@ def render(report: Report) -> str:
         lines.append(f"  {name:<13}{x.n:>6}" + "".join(
             f"{_s(v):>{COL}}" for v in (x.p50, x.p95, x.max, y.p50, y.p95, y.max)))
     lines.append(f"  {'swaps':<19}{a.swaps:>{3 * COL},}{b.swaps:>{3 * COL},}")
+    if a.idle_unloads or b.idle_unloads:
+        lines.append(f"  {'unloads by ttl':<19}{a.idle_unloads:>{3 * COL},}"
+                     f"{b.idle_unloads:>{3 * COL},}")
     lines.append(f"  {'makespan':<19}{_s(a.makespan):>{3 * COL}}{_s(b.makespan):>{3 * COL}}")
     lines += ["", "Does the replay of today's settings match what happened? (queue waits, "
                   "arrival → grant)",

@@ -86,6 +86,21 @@ def test_only_the_chosen_models_are_counted_but_all_are_replayed():
     assert report.today.swaps == 1  # the swap count is the box's, every request's
 
 
+@pytest.mark.parametrize("arrival_order", [False, True])
+def test_a_model_idle_for_its_ttl_unloads_and_the_next_request_pays_its_load(arrival_order):
+    """A loaded, ttl 30 s, loads in 10 s. A at 0 runs to 5; A at 20 runs 20-25 (idle only
+    15 s); A at 100 finds it unloaded since 55 (25 + 30) and waits for a load: 10 s. It
+    unloads again at 135, idle since 105."""
+    rows = [Row(0.0, "A", 0, 5.0), Row(20.0, "A", 0, 5.0), Row(100.0, "A", 0, 5.0)]
+    config = one_at_a_time("A")
+    kept = replay(rows, config, 10.0, preload=("A",), arrival_order=arrival_order)
+    assert [j.started - j.row.arrival for j in kept.jobs] == [0.0, 0.0, 0.0]
+    idle = replay(rows, config, 10.0, preload=("A",), arrival_order=arrival_order,
+                  ttl={"A": 30.0})
+    assert [j.started - j.row.arrival for j in idle.jobs] == [0.0, 0.0, 10.0]
+    assert (idle.swaps, idle.idle_unloads) == (1, 2)
+
+
 def test_settings_are_checked_as_the_settings_page_checks_them():
     today = Settings("serial", 60.0, 10)
     assert variant(today) == (today, [])
@@ -266,6 +281,24 @@ def test_todays_settings_come_from_the_settings_page():
     assert report.today.settings.swap_affinity_bonus == 0
     assert report.other.settings.swap_affinity_bonus == 10
     assert report.fidelity.share_within < 1.0  # the log was made with 10, replayed with 0
+
+
+@pytest.mark.django_db
+def test_the_catalogs_ttl_is_replayed():
+    """A's ttl (60 s on its definition) unloads it between two requests 10 min apart: today's
+    replay loads it twice, as the log did, and says so (it unloads at 175 and 775)."""
+    ModelDefinition.objects.create(model_id="A", cmd="x", proxy="http://127.0.0.1:1", ttl=60)
+    RequestLog.objects.bulk_create([log_row("A", 100, 110, 115, wait=10, swap=10),
+                                    log_row("A", 700, 710, 715, wait=10, swap=10)])
+    ModelEvent.objects.bulk_create([
+        event("A", events.LOAD, 100), event("A", events.READY, 110, 10.0),
+        event("A", events.IDLE_UNLOAD, 175, 0.1, reason=events.TTL),
+        event("A", events.LOAD, 700), event("A", events.READY, 710, 10.0)])
+    report = window_reader.report(at(0), at(1000))
+    f = report.fidelity
+    assert (f.within, f.n, f.recorded_swaps, f.replayed_swaps) == (2, 2, 2, 2)
+    assert report.today.idle_unloads == 2
+    assert "unloads by ttl" in render(report)
 
 
 @pytest.mark.django_db
