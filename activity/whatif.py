@@ -164,12 +164,13 @@ def loaded_at(start: dt.datetime, defined: Iterable[str], rows: Sequence[Recorde
     """The models loaded when the window starts: the last event of each before it is a load
     or its ready. A log without model events: the first request's model, if it waited for no
     load (its recorded wait was under a second)."""
-    defined = set(defined)
     last: dict[str, str] = {}
-    for model, kind in (ModelEvent.objects.filter(at__lt=start, model__in=defined)
-                        .exclude(kind=events.RESTART).order_by("at")
-                        .values_list("model", "kind")):
-        last[model] = kind
+    for model in sorted(set(defined)):  # one indexed lookup each: (model, at)
+        kind = (ModelEvent.objects.filter(model=model, at__lt=start)
+                .exclude(kind=events.RESTART).order_by("-at")
+                .values_list("kind", flat=True).first())
+        if kind is not None:
+            last[model] = kind
     if last:
         return tuple(sorted(m for m, k in last.items() if k in (events.LOAD, events.READY)))
     if rows and rows[0].wait < 1.0 and not ModelEvent.objects.exists():
