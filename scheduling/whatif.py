@@ -156,16 +156,19 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON for the settings page (NaN, from an empty band, becomes null)."""
-        out: dict[str, Any] = _jsonable(dataclasses.asdict(self) | {
+        w = self.window  # its rows stay out: a window may hold 100,000 of them
+        out: dict[str, Any] = _jsonable({
+            "today": dataclasses.asdict(self.today),
+            "other": dataclasses.asdict(self.other),
             "fidelity": dataclasses.asdict(self.fidelity)
             | {"share_within": self.fidelity.share_within},
+            "verdict": verdict(self.fidelity),
+            "notes": list(self.notes),
             "tolerance": {"seconds": TOLERANCE_S, "share": TOLERANCE_SHARE},
-            "window": {"label": self.window.label, "requests": len(self.window.rows),
-                       "reported": sum(r.reported for r in self.window.rows),
-                       "left_out": self.window.left_out, "load": self.window.load,
-                       "load_basis": self.window.load_basis,
-                       "swap_cost": self.window.swap_cost,
-                       "preload": list(self.window.preload)}})
+            "window": {"label": w.label, "requests": len(w.rows),
+                       "reported": sum(r.reported for r in w.rows), "left_out": w.left_out,
+                       "load": w.load, "load_basis": w.load_basis, "swap_cost": w.swap_cost,
+                       "preload": list(w.preload), "recorded_swaps": w.recorded_swaps}})
         return out
 
 

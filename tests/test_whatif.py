@@ -128,6 +128,7 @@ def test_the_json_has_no_nan_and_says_the_tolerance():
     json.dumps(data, allow_nan=False)  # an empty band's figures would be NaN
     assert data["tolerance"] == {"seconds": 1.0, "share": 0.1}
     assert data["window"]["requests"] == 3 and data["fidelity"]["within"] == 2
+    assert "rows" not in data["window"] and data["verdict"].startswith("the replay roughly")
 
 
 # ---- the window from the tables ---------------------------------------------------------------
