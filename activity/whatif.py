@@ -8,6 +8,7 @@ or a command: it uses the ORM.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,8 @@ DEFAULT_SWAP_COST = 10.0
 LOADS_BEFORE = 20
 #: the most requests one replay takes: the newest of a longer window
 MAX_REQUESTS = 100_000
+#: how far before the window to look for requests still waiting or running when it began
+LEAD = dt.timedelta(hours=24)
 
 NEVER_RAN = "never dispatched (rejected, cancelled or failed before a grant: no service time)"
 PEER = "served by a peer (not this box's GPU)"
@@ -71,55 +74,79 @@ def report(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None
     return compare(window, config, other, notes, ttl)
 
 
+_FIELDS = ("received_at", "dispatched_at", "finished_at", "model", "priority", "queue_wait_ms",
+           "scheduler")
+
+
 def read_window(start: dt.datetime, end: dt.datetime, config: SchedulerConfig,
                 models: Sequence[str] = (), swap_cost: float | None = None) -> Window:
-    rows: list[Recorded] = []
+    """The requests received in [start, end) that ran, newest first up to `MAX_REQUESTS`;
+    and, uncounted, those received before the window and still waiting or running when it
+    began: they held the box, so a replay without them would start emptier than it was."""
     left_out = {NEVER_RAN: 0, PEER: 0, UNDEFINED: 0, UNFINISHED: 0}
-    qs = (RequestLog.objects.filter(received_at__gte=start, received_at__lt=end)
-          .order_by("-received_at")
-          .values_list("received_at", "dispatched_at", "finished_at", "model", "priority",
-                       "queue_wait_ms", "scheduler"))
-    taken = 0
+    taken: list[tuple[dt.datetime, Recorded]] = []  # (arrival, the row with arrival 0)
+    cut = start  # the window's start; later when it holds more than one replay takes
     trimmed = 0
-    for received, dispatched, finished, model, priority, wait_ms, scheduler in qs.iterator(
-            chunk_size=5000):
-        if dispatched is None:
-            left_out[NEVER_RAN] += 1
-        elif scheduler == "peer" or model in config.peer_models:
-            left_out[PEER] += 1
-        elif model not in config.models:
-            left_out[UNDEFINED] += 1
-        elif finished is None:
-            left_out[UNFINISHED] += 1
-        elif taken >= MAX_REQUESTS:
+    inside = (RequestLog.objects.filter(received_at__gte=start, received_at__lt=end)
+              .order_by("-received_at").values_list(*_FIELDS))
+    for row in inside.iterator(chunk_size=5000):
+        why = _why_not(row, config)
+        if why:
+            left_out[why] += 1
+        elif trimmed or len(taken) >= MAX_REQUESTS:
+            if not trimmed:
+                cut = taken[-1][0]
+            if row[2] > cut:  # older, still running at the new start: it held the box
+                taken.append(_recorded(row, reported=False))
             trimmed += 1
         else:
-            taken += 1
-            # the arrival the scheduler aged from (a trusted peer's request: its first one)
-            arrived = (dispatched - dt.timedelta(milliseconds=wait_ms) if wait_ms is not None
-                       else received)
-            rows.append(Recorded(
-                arrival=(arrived - start).total_seconds(), model=model, priority=priority,
-                service=max(0.0, (finished - dispatched).total_seconds()),
-                wait=(wait_ms or 0.0) / 1000, reported=not models or model in models))
+            taken.append(_recorded(row, reported=not models or row[3] in models))
     if trimmed:
         left_out[TRIMMED.format(n=MAX_REQUESTS)] = trimmed
-    rows.sort(key=lambda r: r.arrival)
-    if trimmed:  # the window now starts at its oldest replayed request
-        start = start + dt.timedelta(seconds=rows[0].arrival)
-        rows = [Recorded(r.arrival - rows[0].arrival, r.model, r.priority, r.service, r.wait,
-                         r.reported) for r in rows]
-    used = {r.model for r in rows}
+    else:
+        running = (RequestLog.objects.filter(received_at__gte=start - LEAD, received_at__lt=start,
+                                             finished_at__gt=start)
+                   .values_list(*_FIELDS))
+        taken += [_recorded(row, reported=False) for row in running if not _why_not(row, config)]
+    taken.sort(key=lambda t: t[0])
+    origin = min(cut, taken[0][0]) if taken else cut
+    rows = tuple(dataclasses.replace(r, arrival=(at - cut).total_seconds()) for at, r in taken)
+    last = max((cut + dt.timedelta(seconds=r.arrival + r.wait + r.service) for r in rows),
+               default=end)
     load: dict[str, float] = {}
     basis: dict[str, str] = {}
-    default = DEFAULT_SWAP_COST if swap_cost is None else swap_cost
     if swap_cost is None:
-        load, basis = measure_swap_costs(start, end, used)
-    return Window(label=label(start, end), rows=tuple(rows),
+        load, basis = measure_swap_costs(cut, end, {r.model for r in rows})
+    return Window(label=label(cut, end), rows=rows,
                   left_out={k: v for k, v in left_out.items() if v}, load=load,
-                  load_basis=basis, swap_cost=default,
-                  preload=loaded_at(start, config.models, rows),
-                  recorded_swaps=recorded_loads(start, end))
+                  load_basis=basis,
+                  swap_cost=DEFAULT_SWAP_COST if swap_cost is None else swap_cost,
+                  preload=loaded_at(origin, config.models, rows),
+                  recorded_swaps=recorded_loads(origin, last))
+
+
+def _why_not(row: tuple, config: SchedulerConfig) -> str | None:
+    """Why this row cannot be replayed, or None."""
+    _received, dispatched, finished, model, _priority, _wait, scheduler = row
+    if dispatched is None:
+        return NEVER_RAN
+    if scheduler == "peer" or model in config.peer_models:
+        return PEER
+    if model not in config.models:
+        return UNDEFINED
+    if finished is None:
+        return UNFINISHED
+    return None
+
+
+def _recorded(row: tuple, reported: bool) -> tuple[dt.datetime, Recorded]:
+    received, dispatched, finished, model, priority, wait_ms, _scheduler = row
+    # the arrival the scheduler aged from (a trusted peer's request: its first one)
+    arrived = dispatched - dt.timedelta(milliseconds=wait_ms) if wait_ms is not None \
+        else received
+    return arrived, Recorded(arrival=0.0, model=model, priority=priority,
+                             service=max(0.0, (finished - dispatched).total_seconds()),
+                             wait=(wait_ms or 0.0) / 1000, reported=reported)
 
 
 def measure_swap_costs(start: dt.datetime, end: dt.datetime, models: Iterable[str]
@@ -179,11 +206,11 @@ def loaded_at(start: dt.datetime, defined: Iterable[str], rows: Sequence[Recorde
 
 
 def recorded_loads(start: dt.datetime, end: dt.datetime) -> int | None:
-    """Loads the log has in the window (None when the log has no model events at all, as
-    before they were recorded)."""
+    """Loads the log has from the first replayed arrival to the last replayed request's end
+    (None when the log has no model events at all, as before they were recorded)."""
     if not ModelEvent.objects.exists():
         return None
-    return ModelEvent.objects.filter(at__gte=start, at__lt=end, kind=events.LOAD).count()
+    return ModelEvent.objects.filter(at__gte=start, at__lte=end, kind=events.LOAD).count()
 
 
 def label(start: dt.datetime, end: dt.datetime) -> str:

@@ -205,6 +205,44 @@ def test_the_window_read_from_the_tables():
 
 
 @pytest.mark.django_db
+def test_a_request_running_when_the_window_begins_still_holds_the_box():
+    """The window starts at 100 while A's request (95-110) runs. B arrives at 101 and waits
+    for it, then for its own 5 s load: 14 s. Replayed without A, B would have found the box
+    free and waited only for the load (5 s). A is replayed but not counted."""
+    define("A", "B")
+    RequestLog.objects.bulk_create([log_row("A", 95, 95, 110, wait=0),
+                                    log_row("B", 101, 115, 117, wait=14, swap=5)])
+    ModelEvent.objects.bulk_create([
+        event("A", events.LOAD, 50), event("A", events.READY, 55, 5.0),
+        event("B", events.LOAD, 110), event("B", events.READY, 115, 5.0)])
+    report = window_reader.report(at(100), at(200), config=one_at_a_time("A", "B"))
+    f = report.fidelity
+    assert (f.n, f.within, f.replayed["normal"].max) == (1, 1, 14.0)
+    assert (f.recorded_swaps, f.replayed_swaps) == (1, 1)
+    assert report.window.preload == ("A",)
+    assert [(r.model, r.arrival, r.reported) for r in report.window.rows] == [
+        ("A", -5.0, False), ("B", 1.0, True)]
+
+
+@pytest.mark.django_db
+def test_a_window_longer_than_one_replay_takes_its_newest(monkeypatch):
+    """At most 2 here: the newest two (arrived 35 and 25) are replayed from 25; the one that
+    arrived at 15 still ran at 25 (until 30), so it is replayed uncounted; the one of 10 is
+    not. Both older ones are said to be left out."""
+    monkeypatch.setattr(window_reader, "MAX_REQUESTS", 2)
+    define("A")
+    RequestLog.objects.bulk_create([log_row("A", 10, 10, 20, wait=0),
+                                    log_row("A", 15, 20, 30, wait=5),
+                                    log_row("A", 25, 30, 40, wait=5),
+                                    log_row("A", 35, 40, 50, wait=5)])
+    w = window_reader.read_window(at(0), at(100), one_at_a_time("A"))
+    assert [(r.arrival, r.reported) for r in w.rows] == [(-10.0, False), (0.0, True),
+                                                        (10.0, True)]
+    assert w.left_out == {window_reader.TRIMMED.format(n=2): 2}
+    assert w.label.startswith(f"{at(25):%Y-%m-%d %H:%M:%S} →")
+
+
+@pytest.mark.django_db
 def test_a_log_without_model_events_falls_back_on_the_requests():
     define("A", "B")
     RequestLog.objects.bulk_create([
