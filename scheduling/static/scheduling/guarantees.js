@@ -155,6 +155,7 @@
   if (typeof document === "undefined") {
     return;
   }
+  globalThis.gpuproxyGuarantees = api; // whatif.js formats its durations with formatDuration
 
   /* The page: the same markup as templates/admin/scheduling/proxysettings/change_form.html. */
   function render(list, items) {
