@@ -38,6 +38,14 @@ class SchedulerConfig:
     scheduler: str = "fifo"  # "fifo" | "serial"
     aging_divisor: float = 60.0  # serial: seconds of waiting per point of score
     swap_affinity_bonus: int = 10  # serial: bonus for the loaded model, 0..99
+    # serial: the affinity budget (issue 23; the rule and its bound: scheduling/core/budget.py).
+    # Once a waiting request has lost picks only because of affinity for this long, affinity
+    # is ignored until it is served. Off by default: the seed's behaviour is unchanged.
+    affinity_budget: float = 0.0  # seconds; 0 = off (unless affinity_budget_swaps is set)
+    # `auto`: k x the measured swap cost of the waiting request's model; 0 = not auto. When
+    # set, it wins over affinity_budget. The docs recommend k = 6.
+    affinity_budget_swaps: float = 0.0
+    assumed_swap_cost: float = 10.0  # auto: seconds a swap costs before it was ever measured
     # Caps on requests admitted and not yet dispatched; 0 or absent = no cap.
     max_waiting: int = 0
     max_waiting_per_band: dict[str, int] = field(default_factory=dict)

@@ -24,6 +24,10 @@ class Dispatch:
     aging: float  # the aging term, seconds waited / agingDivisor (0 under fifo)
     seq: int  # arrival sequence, the tie-breaker
     queue_wait: float  # seconds from arrival to grant
+    # serial: the affinity budget decided this model's affinity at the grant: a request of
+    # it had lost picks to affinity for the budget and was still waiting, so the model
+    # ranked as loaded (scheduling/core/budget.py)
+    budget_override: bool = False
 
 
 @dataclass(eq=False)

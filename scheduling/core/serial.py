@@ -25,13 +25,19 @@ them, or queues them at it when it is loaded and only short of a free slot
 
 The queue itself (per-model heaps, the cached order, position reports) is
 `scheduling/core/score_queue.py`; the handlers serial shares with fifo are `Ledger`'s.
+
+With an affinity budget (off by default), a request that has lost picks only because of the
+affinity term for the budget has affinity ignored for it until it is served: its model ranks
+as if loaded (`scheduling/core/budget.py`: the rule, its definitions and its bound).
 """
 
 from __future__ import annotations
 
 import logging
 
-from scheduling.core.effects import READY
+from scheduling.core.budget import AffinityBudget
+from scheduling.core.config import SchedulerConfig
+from scheduling.core.effects import READY, Effects
 from scheduling.core.errors import ModelNotFound
 from scheduling.core.events import (
     Dispatch,
@@ -65,7 +71,20 @@ class Serial(ScoreQueue):
         load: not loaded, whatever `model_state` still says.
     """
 
+    def __init__(self, config: SchedulerConfig, fx: Effects) -> None:
+        super().__init__(config, fx)
+        self._budget = AffinityBudget(config)
+
     # ---- read-only introspection (metrics, tests, bench) ----------------------------------
+
+    def budget_lifted(self) -> frozenset[str]:
+        """The models (or selectors) ranked as loaded now because a request of theirs spent
+        its affinity budget and still waits."""
+        return frozenset(self._budget.lifted())
+
+    def swap_costs(self) -> dict[str, float]:
+        """The latest measured swap cost per model (seconds), as the budget's `auto` uses."""
+        return self._budget.swap_costs()
 
     def active_swaps(self) -> dict[str, list[Request]]:
         """Each swap in progress: target → the requests waiting for it."""
@@ -138,6 +157,7 @@ class Serial(ScoreQueue):
         self._config = ev.config
         self._div = aging_divisor_of(ev.config)
         self._bonus = affinity_bonus_of(ev.config)
+        self._budget.configure(ev.config)
         models = ev.config.models
         for r in [r for r in self._live if not self._defined(r.model)]:
             self._forget(r)
@@ -157,12 +177,15 @@ class Serial(ScoreQueue):
     def _drain(self) -> None:
         self._forget_stopped()
         if not self._shut_down and self._heaps:
-            self._walk()
+            while self._walk():  # True: a budget ran out, walk again without affinity
+                pass
         self._maintain()
         self._report_positions()
 
-    def _walk(self) -> None:
-        """Serve the queue in score order, as far as nothing higher is delayed.
+    def _walk(self) -> bool:
+        """Serve the queue in score order, as far as nothing higher is delayed. Returns True,
+        having done nothing at that pick, when a pick used up a request's affinity budget: the
+        caller walks again with affinity off.
 
         Repeatedly take the best among (1) the heads of the models not yet blocked in this
         walk (a model's head is its best request, so a blocked head blocks its whole model)
@@ -212,7 +235,7 @@ class Serial(ScoreQueue):
                 if best is None or rank < best:
                     best, m, waiters_first = rank, target, True
             if best is None:
-                return
+                return False
             running = sorted(set(self._fx.running_models()) | self._active.keys())
             if waiters_first:
                 passed.add(m)
@@ -234,7 +257,8 @@ class Serial(ScoreQueue):
                 blocked.add(m)
                 continue
             if t in self._config.peer_models:  # a peer: granted at once, never swapped
-                self._count_pick(req, blocked, affine)
+                if self._count_pick(req, blocked, affine):
+                    return True
                 self._take_head(m, req, t, turned)
                 self._grant(req, t, affine)
                 self._after_move(affine, blocked, blocked_on)
@@ -267,7 +291,8 @@ class Serial(ScoreQueue):
                     blocked.add(t)
                     claims.append((t, []))
                     continue
-                self._count_pick(req, blocked, affine)
+                if self._count_pick(req, blocked, affine):
+                    return True
                 self._take_head(m, req, t, turned)
                 self._grant(req, t, affine)
                 self._after_move(affine, blocked, blocked_on)
@@ -278,13 +303,15 @@ class Serial(ScoreQueue):
                 claims.append((t, evict))
                 no_feed.update(evict)
                 continue
-            self._count_pick(req, blocked, affine)
+            if self._count_pick(req, blocked, affine):
+                return True
             if t == m:
                 waiters = self._take_all(m)
             else:
                 waiters = [self._take_head(m, req, t, turned)]
                 waiters.extend(self._take_all(t) if t in self._heaps else [])
             self._active[t] = Swap(t, list(evict), waiters)
+            self._budget.swap_started(t, self._now)
             affine.add(t)
             affine.difference_update(evict)
             self._after_move(affine, blocked, blocked_on)
@@ -297,13 +324,15 @@ class Serial(ScoreQueue):
         """The waiters go back into the model's heap; the walk that follows grants them in
         score order up to `parallel`, unless a higher-scoring request needs the box first,
         and keeps them queued while an unload of the model is pending (they get a fresh swap
-        after UnloadDone, as in fifo)."""
+        after UnloadDone, as in fifo). The swap's cost is measured for the budget's `auto`."""
+        self._budget.swap_done(swap.target, self._now)
         for w in swap.waiters:
             self._push(w)
 
     def _start_restart(self, model: str) -> None:
         waiters = self._take_all(model) if model in self._heaps else []
         self._active[model] = Swap(model, [model], waiters)
+        self._budget.swap_started(model, self._now)
         logger.info("restarting %r (its definition changed or a restart was asked)", model)
         self._fx.start_swap(model, [model])
 
@@ -315,6 +344,8 @@ class Serial(ScoreQueue):
         if not self._config.selectors:
             return
         self._affine_selectors(affine)
+        if self._budget.overriding:  # (a lifted selector keeps its lift)
+            affine |= self._budget.lifted()
         for selector_id, was in list(blocked_on.items()):
             if selector_id not in self._heaps or self._pick(selector_id)[0] != was:
                 blocked.discard(selector_id)
@@ -361,7 +392,7 @@ class Serial(ScoreQueue):
     def _affine(self) -> set[str]:
         """The models whose requests get the affinity bonus: READY and neither being evicted
         nor held (unloading, or waiting to stop or restart when idle), or the target of an
-        active swap that is not held."""
+        active swap that is not held; and those the affinity budget lifts."""
         if self._bonus == 0:
             return set()
         out = {t for t in self._active if not self._held(t)}
@@ -372,14 +403,18 @@ class Serial(ScoreQueue):
                 out.add(m)
         if self._config.selectors:
             self._affine_selectors(out)
+        if self._budget.overriding:
+            out |= self._budget.lifted()
         return out
 
-    def _count_pick(self, winner: Request, blocked: set[str], affine: set[str]) -> None:
+    def _count_pick(self, winner: Request, blocked: set[str], affine: set[str]) -> bool:
         """Count whether aging or affinity decided this pick. The candidates are the queued
-        requests of the models not blocked in this walk (the winner among them)."""
+        requests of the models not blocked in this walk (the winner among them). With a
+        budget, the winner without affinity lost this pick only because of it: True when
+        that used up its budget (affinity goes off; the pick is not made, nor counted)."""
         candidates = sum(c for m, c in self._count.items() if m not in blocked)
         if candidates <= 1:
-            return
+            return False
         no_aging: tuple[float, int] | None = None
         no_aging_winner = None
         no_aff: tuple[float, int] | None = None
@@ -395,10 +430,24 @@ class Serial(ScoreQueue):
             rank = (negp - aff, pseq)
             if no_aging is None or rank < no_aging:
                 no_aging, no_aging_winner = rank, pr
+        # (a lifted request cannot lose a pick to affinity again, so each walk that ends
+        # here has lifted one more request: the walks that follow end)
+        if (no_aff_winner is not winner and no_aff_winner is not None and self._budget.on
+                and self._budget.lost(no_aff_winner, self._now)):
+            self._stats.affinity_budget_overrides += 1
+            self._invalidate_order()
+            return True
         if no_aging_winner is not winner:
             self._stats.pick_changed_by_aging += 1
         if no_aff_winner is not winner:
             self._stats.pick_changed_by_affinity += 1
+        return False
+
+    def _release(self, req: Request) -> None:
+        """`Ledger._release`; a request that leaves the queue ends its budget override."""
+        super()._release(req)
+        if self._budget.forget(req):
+            self._invalidate_order()
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -409,5 +458,8 @@ class Serial(ScoreQueue):
         aging = (self._now - req.arrived) / self._div
         req.dispatch = Dispatch(band=band(req.priority), score=req.priority + aff + aging,
                                 priority=req.priority, affinity=float(aff), aging=aging,
-                                seq=req.seq, queue_wait=self._now - req.arrived)
+                                seq=req.seq, queue_wait=self._now - req.arrived,
+                                budget_override=model in self._budget.lifted())
         self._deliver(req, model)
+        if self._budget.forget(req):  # served: its override ends
+            self._invalidate_order()

@@ -24,6 +24,8 @@ class SchedulerStats:
       another request (serial only; fifo has no aging, so 0).
     - `pick_changed_by_affinity`: picks where the winner without the swap-affinity term would
       have been another request (serial only; 0 under fifo).
+    - `affinity_budget_overrides`: times the affinity budget switched affinity off because a
+      request had lost picks to it for longer than the budget (serial, budget on; else 0).
 
     A *pick* is one decision to serve a request or start a swap for it; the "changed by"
     counters count only picks with more than one candidate.
@@ -32,10 +34,11 @@ class SchedulerStats:
     dispatched: dict[str, int] = field(default_factory=_zero_per_band)
     pick_changed_by_aging: int = 0
     pick_changed_by_affinity: int = 0
+    affinity_budget_overrides: int = 0
 
     def copy(self) -> SchedulerStats:
         return SchedulerStats(dict(self.dispatched), self.pick_changed_by_aging,
-                              self.pick_changed_by_affinity)
+                              self.pick_changed_by_affinity, self.affinity_budget_overrides)
 
 
 class WaitGauges:
