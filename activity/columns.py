@@ -125,7 +125,9 @@ REQUEST_LOG = Table(
                null='not dispatched, or a scheduler without scores'),
         Column('score_parts',
                'the score\'s breakdown: `{"priority", "affinity", "aging", "seq"}` (seq = arrival '
-               'sequence)',
+               'sequence), and `"budget_override": true` when the affinity budget gave the '
+               'model its affinity (serial: a request of it had lost picks to affinity for the '
+               'budget)',
                null='not dispatched'),
         Column('queue_wait_ms',
                "time from arrival to the scheduler's grant (includes any model load waited for; "

@@ -118,7 +118,9 @@ class RequestRecord:
             "band": d.band if d else band_of(self.priority),
             "score": d.score if d else None,
             "score_parts": ({"priority": d.priority, "affinity": d.affinity, "aging": d.aging,
-                             "seq": d.seq} if d else None),
+                             "seq": d.seq, **({"budget_override": True}
+                                              if d.budget_override else {})}
+                            if d else None),
             "queue_wait_ms": round(d.queue_wait * 1000, 3) if d else (
                 ms(self.received, self.finished) if self.outcome == outcomes.CANCELLED_QUEUED
                 else None),

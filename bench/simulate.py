@@ -20,10 +20,13 @@ Swaps whose evictions do not overlap then run side by side, as on a multi-GPU bo
     .venv/bin/python bench/simulate.py --swap-cost 30 --aging-divisor 0.5 --bonus 20
     .venv/bin/python bench/simulate.py --trace my.csv --box my-box.yaml   # a matrix box
     .venv/bin/python bench/simulate.py --generate      # rewrite bench/traces/*.csv
+    .venv/bin/python bench/simulate.py --swap-cost 5 --budget-k 2,6 --trace trap
 
 Policies, all in the same run: `serial` (the settings given, defaults bonus 10 and divisor 60),
-`serial-bonus0` (the same with bonus 0), `fifo` (llama-swap's, with the header added to its
-per-model priority) and `arrival` (strict arrival order, a baseline defined here).
+`serial-budget` (the same with the affinity budget of issue 23 at k x the measured swap cost,
+k = 6; `--budget-k 2,6` runs one per k, named `serial-budget-k2`, ...), `serial-bonus0` (the
+same with bonus 0), `fifo` (llama-swap's, with the header added to its per-model priority)
+and `arrival` (strict arrival order, a baseline defined here).
 
 The wait of a request is arrival → start of service on its upstream. For serial and arrival
 that is the grant (they never grant more than `parallel`); fifo forwards everything it grants
@@ -35,7 +38,10 @@ printed PASS or FAIL: serial's interactive p99 on `flood` within one service tim
 swap, serial's swaps on `roundrobin` at most half of strict arrival's, and every batch wait
 within the bound of docs/scheduling.md ("Guarantees": how long can a request wait?). On
 `gpu8` (issue 19): the embedding model, in every set, is never evicted, and serial's
-interactive p95 wait is below fifo's.
+interactive p95 wait is below fifo's. Issue 23's (the affinity budget): on `trap`, the lone B
+waits at most its bonus-0 wait plus the budget plus one service; on `roundrobin3`, the budget
+keeps serial's batching (swaps at most half of strict arrival's); on `mixed`, a swap-bound
+mixed workload, the budget raises swaps by at most 10% over serial's.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import math
 import random
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -62,7 +68,9 @@ from scheduling.core.swapper import Group, GroupSwapper  # noqa: E402
 from scheduling.replay import Job, Replay, Row, percentile, replay  # noqa: E402
 
 TRACES = ROOT / "bench" / "traces"
-SHIPPED = ("flood", "roundrobin", "starvation", "gpu8")
+SHIPPED = ("flood", "roundrobin", "starvation", "gpu8", "roundrobin3", "trap", "mixed")
+DEFAULT_BUDGET_K = 6.0  # the affinity budget's `auto`: k x the measured swap cost
+MIXED_SWAP_RISE = 0.10  # on `mixed`, the budget may raise serial's swaps by at most this
 BAND_ORDER = ("interactive", "normal", "batch")
 BAND_GAP = 100  # bands sit 100 apart (docs/scheduling.md)
 UNLIMITED = 10**9  # concurrency limit: nothing is refused, every request is served
@@ -149,11 +157,51 @@ def gen_gpu8(seed: int = 4) -> list[Row]:
     return sorted(rows, key=lambda r: r.arrival)
 
 
+def gen_roundrobin3(seed: int = 6) -> list[Row]:
+    """Issue 23's round robin: `A B C A B C …` at equal priority (0), one every second, 60
+    requests of 2 s each. Every request is a model change, so order decides the swaps."""
+    del seed
+    return [Row(float(i), "ABC"[i % 3], 0, 2.0) for i in range(60)]
+
+
+def gen_trap(seed: int = 7) -> list[Row]:
+    """Issue 23's starvation trap: a steady stream to A (normal, one every 4.2 s for an hour,
+    5 s each: a little faster than A serves it, so one is always queued) and one normal
+    request to B at 10.5 s. Every A that arrives within bonus x divisor (600 s) of B outscores
+    it; the affinity budget is what lets B in sooner."""
+    del seed
+    rows = [Row(4.2 * i, "A", 0, 5.0) for i in range(int(3600 / 4.2))]
+    rows.append(Row(10.5, "B", 0, 5.0))
+    return sorted(rows, key=lambda r: r.arrival)
+
+
+def gen_mixed(seed: int = 5) -> list[Row]:
+    """A swap-bound mixed workload, where the budget must not cost swaps: for an hour, a
+    session starts every 8-44 s on one of four models (A B C D), in one band (interactive
+    1 in 5, batch 1 in 5, else normal), and sends 3-10 requests 2-6 s apart, 1-4 s each. The
+    box is busy nearly all the time and most of it would be swapping without affinity."""
+    rnd = random.Random(seed)
+    rows: list[Row] = []
+    t = 0.0
+    while t < 3600:
+        model = rnd.choice("ABCD")
+        priority = rnd.choice((100, 0, 0, 0, -100))
+        u = t
+        for _ in range(rnd.randint(3, 10)):
+            rows.append(Row(u, model, priority, float(rnd.randint(1, 4))))
+            u += rnd.uniform(2, 6)
+        t += rnd.uniform(8, 44)
+    return sorted(rows, key=lambda r: r.arrival)
+
+
 GENERATORS: dict[str, Callable[[], list[Row]]] = {
     "flood": gen_flood,
     "roundrobin": gen_roundrobin,
     "starvation": gen_starvation,
     "gpu8": gen_gpu8,
+    "roundrobin3": gen_roundrobin3,
+    "trap": gen_trap,
+    "mixed": gen_mixed,
 }
 
 
@@ -235,14 +283,24 @@ class Policy:
     kind: str  # "serial" | "fifo" | "arrival"
     bonus: int = 10
     divisor: float = 60.0
+    budget_k: float = 0.0  # serial: affinity budget of k x the measured swap cost; 0 = off
 
 
-def policies(bonus: int = 10, divisor: float = 60.0) -> list[Policy]:
-    """The four policies every run compares."""
+def policies(bonus: int = 10, divisor: float = 60.0,
+             budget_ks: Sequence[float] = (DEFAULT_BUDGET_K,)) -> list[Policy]:
+    """The policies every run compares: serial, serial with the affinity budget (one per k;
+    named `serial-budget` for the default k alone), serial with bonus 0, fifo, arrival."""
+    named = list(budget_ks) != [DEFAULT_BUDGET_K]
     return [Policy("serial", "serial", bonus, divisor),
+            *(Policy(f"serial-budget-k{k:g}" if named else "serial-budget", "serial", bonus,
+                     divisor, budget_k=k) for k in budget_ks),
             Policy("serial-bonus0", "serial", 0, divisor),
             Policy("fifo", "fifo", bonus, divisor),
             Policy("arrival", "arrival", bonus, divisor)]
+
+
+def budgeted(runs: Sequence[Run]) -> list[Run]:
+    return [r for r in runs if r.policy.budget_k > 0]
 
 
 def build_config(models: Sequence[str], policy: Policy,
@@ -270,6 +328,7 @@ def build_config(models: Sequence[str], policy: Policy,
         scheduler="serial" if policy.kind == "serial" else "fifo",
         aging_divisor=policy.divisor,
         swap_affinity_bonus=policy.bonus,
+        affinity_budget_swaps=policy.budget_k,
         report_positions=False,  # no client listens: about half a long replay's time
     )
 
@@ -292,7 +351,9 @@ def simulate(rows: Sequence[Row], policy: Policy, swap_cost: float = 10.0,
     """Replay `rows` through `policy` (scheduling/replay.py) and return what happened to each
     request. `preload`: models READY at t = 0. `box`: a matrix machine instead of `groups`."""
     models = sorted({r.model for r in rows} | (box.models if box is not None else set()))
-    config = build_config(models, policy, groups, box)
+    # The budget's `auto` measures each model's swaps; until then it assumes the run's cost
+    # (a live box would know it from its log: the simulator is not made to learn it).
+    config = replace(build_config(models, policy, groups, box), assumed_swap_cost=swap_cost)
     done = replay(rows, config, swap_cost, box.load if box is not None else None, preload,
                   arrival_order=policy.kind == "arrival", label=policy.name)
     return Run(done.jobs, done.swaps, done.stats, done.swap_log, policy=policy,
@@ -341,19 +402,23 @@ def table(name: str, rows: Sequence[Row], runs: Sequence[Run], swap_cost: float,
     serial = next((r.policy for r in runs if r.policy.name == "serial"), None)
     settings = (f"serial agingDivisor {serial.divisor:g} s, bonus {serial.bonus}"
                 if serial else "serial not available")
+    ks = [r.policy.budget_k for r in budgeted(runs)]
+    if ks:
+        settings += (", budget " + "/".join(f"{k:g}" for k in ks)
+                     + " x each model's measured swap")
     out = [f"{name}: {len(rows)} requests ("
            + ", ".join(f"{b} {n}" for b, n in counts.items())
            + f"), models {' '.join(sorted({r.model for r in rows}))}, "
            + (f"matrix box {box} (its load times), " if box else
               f"swap cost {swap_cost:g} s, ")
            + settings,
-           f"  {'policy':<14}{'band':<13}{'n':>5}{'p50 wait':>12}{'p99 wait':>12}"
+           f"  {'policy':<18}{'band':<13}{'n':>5}{'p50 wait':>12}{'p99 wait':>12}"
            f"{'max wait':>12}{'swaps':>7}{'makespan':>12}"]
     for run in runs:
         for b in [*counts, "all"]:
             w = run.waits(None if b == "all" else b)
             extra = (f"{run.swaps:>7}{fmt_s(run.makespan):>12}" if b == "all" else "")
-            out.append(f"  {run.policy.name:<14}{b:<13}{len(w):>5}{fmt_s(percentile(w, 50)):>12}"
+            out.append(f"  {run.policy.name:<18}{b:<13}{len(w):>5}{fmt_s(percentile(w, 50)):>12}"
                        f"{fmt_s(percentile(w, 99)):>12}{fmt_s(max(w)):>12}{extra}")
     by_name = {r.policy.name: r for r in runs}
     if "serial" in by_name:
@@ -374,6 +439,11 @@ def table(name: str, rows: Sequence[Row], runs: Sequence[Run], swap_cost: float,
     if counters:
         out.append("  picks won by aging/affinity (the winner would differ without that term): "
                    + ", ".join(counters))
+    overrides = [f"{r.policy.name} {r.stats.affinity_budget_overrides}"
+                 for r in budgeted(runs) if r.stats is not None]
+    if overrides:
+        out.append("  affinity budget spent (a request's model then ranked as loaded): "
+                   + ", ".join(overrides))
     return "\n".join(out)
 
 
@@ -433,6 +503,7 @@ def checks(name: str, rows: Sequence[Row], runs: Sequence[Run]) -> list[Check]:
             a, b = percentile(s.waits("interactive"), 95), percentile(f.waits("interactive"), 95)
             out.append(Check(f"gpu8: serial interactive p95 wait {fmt_s(a)} < fifo's "
                              f"{fmt_s(b)}", a < b))
+    out += budget_checks(name, rows, runs)
     if name == "starvation":
         lone = [j for j in s.jobs if j.row.model == "B"]
         if lone:
@@ -443,6 +514,34 @@ def checks(name: str, rows: Sequence[Row], runs: Sequence[Run]) -> list[Check]:
             out.append(Check("starvation: the B request waits " + ", ".join(
                 f"{k} {fmt_s(v)}" for k, v in waits.items())
                 + f"; serial within its bound {fmt_s(bound)}", waits["serial"] <= bound))
+    return out
+
+
+def budget_checks(name: str, rows: Sequence[Row], runs: Sequence[Run]) -> list[Check]:
+    """Issue 23's figures: the budget lets the trapped B in (within its bonus-0 wait plus the
+    budget plus one service), keeps the round robin batched, and costs `mixed` at most
+    MIXED_SWAP_RISE more swaps than serial."""
+    by_name = {r.policy.name: r for r in runs}
+    s, zero = by_name.get("serial"), by_name.get("serial-bonus0")
+    out: list[Check] = []
+    for b in budgeted(runs):
+        label = f"{b.policy.name} (k={b.policy.budget_k:g})"
+        if name == "trap" and s is not None and zero is not None:
+            waits = [next(j.started - j.row.arrival for j in r.jobs if j.row.model == "B")
+                     for r in (s, b, zero)]
+            budget = b.policy.budget_k * b.swap_cost
+            limit = waits[2] + budget + max(r.service for r in rows)
+            out.append(Check(f"trap: B waits serial {fmt_s(waits[0])}, {label} {fmt_s(waits[1])}"
+                             f" ≤ bonus-0's {fmt_s(waits[2])} + budget {budget:g} s + one "
+                             f"service = {limit:g} s", waits[1] <= limit))
+        if name == "roundrobin3" and "arrival" in by_name:
+            a = by_name["arrival"].swaps
+            out.append(Check(f"roundrobin3: {label} swaps {b.swaps} ≤ half of strict "
+                             f"arrival's {a} = {a / 2:g}", b.swaps <= a / 2))
+        if name == "mixed" and s is not None:
+            limit = s.swaps * (1 + MIXED_SWAP_RISE)
+            out.append(Check(f"mixed: {label} swaps {b.swaps} ≤ serial's {s.swaps} + "
+                             f"{MIXED_SWAP_RISE:.0%} = {limit:g}", b.swaps <= limit))
     return out
 
 
@@ -457,15 +556,16 @@ def parse_groups(text: str | None) -> list[list[str]]:
 
 
 def run_trace(path: Path, swap_cost: float, bonus: int, divisor: float,
-              groups: Sequence[Sequence[str]] = (), box_path: Path | None = None
-              ) -> tuple[str, list[Check]]:
+              groups: Sequence[Sequence[str]] = (), box_path: Path | None = None,
+              budget_ks: Sequence[float] = (DEFAULT_BUDGET_K,)) -> tuple[str, list[Check]]:
     """Run every policy on one trace (on its box: `box_path`, else the one beside it, unless
     groups are given); return its printed table and its checks."""
     rows = load_trace(path)
     if box_path is None and not groups:
         box_path = box_beside(path)
     box = load_box(box_path) if box_path is not None else None
-    runs = [simulate(rows, p, swap_cost, groups, box=box) for p in policies(bonus, divisor)]
+    runs = [simulate(rows, p, swap_cost, groups, box=box)
+            for p in policies(bonus, divisor, budget_ks)]
     name = path.stem
     return (table(path.name, rows, runs, swap_cost, box_path.name if box_path else ""),
             checks(name, rows, runs))
@@ -475,13 +575,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", action="append",
-                    help="a shipped trace name (flood, roundrobin, starvation, gpu8) or a CSV "
+                    help="a shipped trace name (" + ", ".join(SHIPPED) + ") or a CSV "
                          "path; repeatable (default: every shipped trace)")
     ap.add_argument("--all", action="store_true", help="run every shipped trace")
     ap.add_argument("--swap-cost", type=float, default=10.0, help="seconds per swap (10)")
     ap.add_argument("--aging-divisor", type=float, default=60.0,
                     help="serial: seconds of waiting per point (60)")
     ap.add_argument("--bonus", type=int, default=10, help="serial: swap affinity bonus (10)")
+    ap.add_argument("--budget-k", default=f"{DEFAULT_BUDGET_K:g}",
+                    help="serial-budget: the affinity budget in swaps, k x each model's "
+                         "measured swap cost; a list (2,6) runs one policy per k (6)")
     ap.add_argument("--groups", help="swap groups, e.g. A,B/C (each one at a time, beside "
                                      "the others); default: all models in one group")
     ap.add_argument("--box", type=Path,
@@ -495,6 +598,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.aging_divisor <= 0:
         ap.error("--aging-divisor must be > 0")
+    try:
+        budget_ks = [float(k) for k in args.budget_k.split(",") if k.strip()]
+    except ValueError:
+        ap.error(f"--budget-k: give numbers of swaps separated by commas, e.g. 2,6 "
+                 f"(not {args.budget_k!r})")
+    if not budget_ks or any(not k > 0 or not math.isfinite(k) for k in budget_ks):
+        ap.error("--budget-k: every k must be a positive number of swaps, e.g. 2,6")
     if args.box is not None and args.groups:
         ap.error("--box and --groups both say how models share the box: give one")
     names = list(args.trace or [])
@@ -503,11 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     all_checks: list[Check] = []
     for n in names:
         text, cs = run_trace(resolve_trace(n), args.swap_cost, args.bonus, args.aging_divisor,
-                             parse_groups(args.groups), args.box)
+                             parse_groups(args.groups), args.box, budget_ks)
         print(text + "\n")
         all_checks += cs
     if all_checks:
-        print("acceptance (issues 4 and 19, computed from the runs above):")
+        print("acceptance (issues 4, 19 and 23, computed from the runs above):")
         for c in all_checks:
             print(f"  {c}")
     return 0 if all(c.ok for c in all_checks) else 1

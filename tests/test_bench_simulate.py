@@ -220,3 +220,65 @@ def test_a_box_file_with_a_mistake_names_it(tmp_path):
     box.write_text("matrix: {}\n")
     with pytest.raises(SystemExit, match=r"matrix\.sets"):
         sim.load_box(box)
+
+
+# ---- the affinity budget (issue 23) ----------------------------------------------------------
+
+
+def budget(k: float) -> object:
+    return sim.Policy(f"serial-budget-k{k:g}", "serial", bonus=10, divisor=60.0, budget_k=k)
+
+
+def test_trap_b_waits_by_hand_under_each_policy():
+    """The shipped trap at swap 5 s, by hand. A's cold load runs 0-5; A's are served back to
+    back from 5, A(k) (arrived 4.2k) at 5 + 5k. B arrives at 10.5 while A(4.2) runs; at 15
+    the older A(8.4) goes; at 20 B, now the oldest, loses to A(12.6) only by affinity. Bonus
+    0: B goes at 20, swap 20-25, wait 14.5. Budget k x 5 s, from 20: k = 2 spends it at the
+    pick at 30 (swap 30-35, wait 24.5), k = 6 at 50 (wait 44.5). Serial: B outscores only an
+    A that arrived more than 600 s after it, A(146) at 613.2, the head once A(145) ends at
+    735: swap 735-740, wait 729.5. Each run swaps 3 times (the cold load, B, back to A)."""
+    trace = sim.load_trace(ROOT / "bench" / "traces" / "trap.csv")
+    waits = {}
+    for policy in (SERIAL, budget(2), budget(6), sim.Policy("bonus0", "serial", bonus=0)):
+        run = sim.simulate(trace, policy, swap_cost=5.0)
+        waits[policy.name] = next(j.started - j.row.arrival for j in run.jobs
+                                  if j.row.model == "B")
+        assert run.swaps == 3, policy.name
+        assert run.stats.affinity_budget_overrides == (1 if policy.budget_k else 0)
+    assert waits == pytest.approx({"serial": 729.5, "serial-budget-k2": 24.5,
+                                   "serial-budget-k6": 44.5, "bonus0": 14.5})
+
+
+def test_roundrobin3_with_a_budget_still_batches_and_bonus0_swaps_every_time():
+    """`A B C …` one a second, 2 s each, swap 5 s: without affinity every request is a swap
+    (60; the last, arrived at 59, starts at 5 + 59 x 7 = 418: 359 s); with the budget (k = 2
+    or 6) serial still batches: at most half of those swaps."""
+    trace = sim.load_trace(ROOT / "bench" / "traces" / "roundrobin3.csv")
+    zero = sim.simulate(trace, sim.Policy("bonus0", "serial", bonus=0), swap_cost=5.0)
+    assert zero.swaps == 60 and max(zero.waits()) == 359.0
+    for k in (2, 6):
+        assert sim.simulate(trace, budget(k), swap_cost=5.0).swaps <= 30, k
+
+
+@pytest.mark.parametrize("swap_cost", [5.0, 10.0])
+def test_mixed_budget_costs_at_most_the_stated_fraction_of_swaps(swap_cost):
+    """The swap-bound mixed workload: the recommended budget (k = 6) spends budgets (else this
+    would show nothing) and raises serial's swaps by at most MIXED_SWAP_RISE (10%)."""
+    trace = sim.load_trace(ROOT / "bench" / "traces" / "mixed.csv")
+    serial = sim.simulate(trace, SERIAL, swap_cost=swap_cost)
+    with_budget = sim.simulate(trace, budget(6), swap_cost=swap_cost)
+    assert with_budget.stats.affinity_budget_overrides > 0
+    assert sim.MIXED_SWAP_RISE == 0.10
+    assert with_budget.swaps <= serial.swaps * 1.10, (with_budget.swaps, serial.swaps)
+
+
+def test_budget_sweep_runs_one_policy_per_k_and_states_its_figures(capsys):
+    """`--budget-k 2,6` runs serial-budget-k2 and -k6 beside the others and prints the
+    trap's figures as PASS lines; a k that is not a positive number stops with a message."""
+    assert sim.main(["--trace", "trap", "--swap-cost", "5", "--budget-k", "2,6"]) == 0
+    out = capsys.readouterr().out
+    assert "serial-budget-k2" in out and "serial-budget-k6" in out
+    assert "PASS  trap: B waits serial 729.5 s, serial-budget-k6 (k=6) 44.5 s" in out
+    with pytest.raises(SystemExit):
+        sim.main(["--trace", "trap", "--budget-k", "0"])
+    assert "--budget-k" in capsys.readouterr().err

@@ -206,6 +206,7 @@ def test_affinity_that_changes_the_pick_is_counted(serve):
     s = scrape(proxy)
     assert s.get("gpuproxy_pick_changed_by_affinity_total") == 1
     assert s.get("gpuproxy_pick_changed_by_aging_total") == 0
+    assert s.get("gpuproxy_affinity_budget_overrides_total") == 0  # the budget is off
     assert s.get("gpuproxy_swaps_total", model="a") == 1
     assert s.get("gpuproxy_swaps_total", model="b") == 1
     assert s.get("gpuproxy_model_state", model="b", state="ready") == 1

@@ -102,6 +102,10 @@ class SchedulerCollector:
             "gpuproxy_pick_changed_by_affinity",
             "Picks whose winner would have been another request without the swap-affinity "
             "bonus.", value=snap.stats.pick_changed_by_affinity)
+        yield CounterMetricFamily(
+            "gpuproxy_affinity_budget_overrides",
+            "Times a request's affinity budget ran out, so its model ranked as loaded until it "
+            "was served.", value=snap.stats.affinity_budget_overrides)
         in_flight = GaugeMetricFamily(
             "gpuproxy_in_flight_requests", "Granted requests not yet finished.",
             labels=["model"])
