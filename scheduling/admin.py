@@ -336,7 +336,8 @@ class ProxySettingsAdmin(RoutingAdmin):
     form = ProxySettingsForm
     readonly_fields = ("version", "defaults_in_force")
     fieldsets = (
-        ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus")}),
+        ("Scheduler", {"fields": ("scheduler", "aging_divisor", "swap_affinity_bonus",
+                                  "affinity_budget")}),
         ("Models", {"fields": ("health_check_timeout", "global_ttl", "unload_timeout",
                                "start_port", "send_loading_state", "preload")}),
         ("Queue", {"fields": ("max_waiting", "max_waiting_interactive", "max_waiting_normal",
@@ -389,7 +390,8 @@ class ProxySettingsAdmin(RoutingAdmin):
         form = context["adminform"].form
         context["guarantees"] = guarantees(
             parse_number(str(form["aging_divisor"].value())),
-            parse_number(str(form["swap_affinity_bonus"].value())))
+            parse_number(str(form["swap_affinity_bonus"].value())),
+            str(form["affinity_budget"].value() or ""))
         context["scheduler_value"] = form["scheduler"].value()
         context["live_note"] = SETTINGS_LIVE_NOTE
         return super().render_change_form(request, context, add, change, form_url, obj)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from scheduling.affinity_budget import Budget, parse_budget
 from scheduling.core.config import ModelConfig, SchedulerConfig, SelectorConfig
 from scheduling.core.matrix import MatrixError, MatrixSwapper
 from scheduling.core.swapper import Group, GroupSwapper, Swapper
@@ -138,6 +139,7 @@ class Catalog:
     scheduler: str = "serial"
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
+    affinity_budget: str = ""  # "", "auto" or seconds (scheduling/affinity_budget.py)
     include_aliases_in_list: bool = False
     performance_monitoring: bool = True
     performance_interval: float = 5.0
@@ -230,6 +232,15 @@ class Catalog:
                 return MatrixSwapper.compile((), {}, {}, self.models)
         return GroupSwapper(self.groups, self.models)
 
+    def budget(self) -> Budget:
+        """The affinity budget in force; a stored value that does not parse (the settings
+        page and the importer refuse one) is off, and says so in the log."""
+        try:
+            return parse_budget(self.affinity_budget)
+        except ValueError as exc:
+            logger.error("the affinity budget is off: %s", exc)
+            return Budget()
+
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             models={m.model_id: ModelConfig(m.concurrency_limit, m.parallel, m.fifo_priority,
@@ -239,6 +250,8 @@ class Catalog:
             scheduler=self.scheduler,
             aging_divisor=self.aging_divisor,
             swap_affinity_bonus=self.swap_affinity_bonus,
+            affinity_budget=self.budget().seconds,
+            affinity_budget_swaps=self.budget().swaps,
             max_waiting=self.max_waiting,
             max_waiting_per_band=dict(self.max_waiting_per_band),
             selectors={sid: SelectorConfig(sel.strategy, self._targets(sel), sel.spillover)

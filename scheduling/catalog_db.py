@@ -150,6 +150,7 @@ def build_catalog() -> Catalog:
         scheduler=settings.scheduler,
         aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
+        affinity_budget=settings.affinity_budget,
         include_aliases_in_list=settings.include_aliases_in_list,
         performance_monitoring=settings.performance_monitoring,
         performance_interval=settings.performance_interval,

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduling import affinity_budget
 from scheduling.llamaswap import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_CHECK_ENDPOINT,
@@ -190,8 +191,12 @@ def plain_export() -> dict[str, Any]:
             g.group_id: {"swap": g.swap, "exclusive": g.exclusive, "persistent": g.persistent,
                          "members": [m.model_id for m in defs if m.group_id == g.pk]}
             for g in groups}
-    scheduler_settings: dict[str, Any] = {
-        "serial": {"agingDivisor": s.aging_divisor, "swapAffinityBonus": s.swap_affinity_bonus}}
+    serial: dict[str, Any] = {"agingDivisor": s.aging_divisor,
+                              "swapAffinityBonus": s.swap_affinity_bonus}
+    budget = affinity_budget.parse_budget(s.affinity_budget).value()
+    if budget is not None:  # off is not written: a file without the key means off
+        serial["affinityBudget"] = budget
+    scheduler_settings: dict[str, Any] = {"serial": serial}
     priority = {m.model_id: m.fifo_priority for m in defs if m.fifo_priority}
     if priority:
         scheduler_settings["fifo"] = {"priority": priority}

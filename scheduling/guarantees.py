@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+from scheduling.affinity_budget import AUTO_SWAPS, parse_budget
+
 #: the priority gap between neighbouring bands (`interactive` 100, `normal` 0, `batch` -100)
 BAND_GAP = 100
 #: the largest bonus that never lifts a request into the next band
@@ -88,13 +90,20 @@ def parse_number(text: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def problems(aging_divisor: float | None, swap_affinity_bonus: float | None) -> list[Guarantee]:
+def problems(aging_divisor: float | None, swap_affinity_bonus: float | None,
+             affinity_budget: str = "") -> list[Guarantee]:
     """Why these values would be refused on save, one entry per field; empty when valid.
 
     The panel shows these instead of durations computed from values that cannot be saved.
     `None` stands for a value that is not a number at all.
     """
     found: list[Guarantee] = []
+    try:
+        parse_budget(affinity_budget)
+    except ValueError:
+        found.append(Guarantee("Affinity budget",
+                               "affinityBudget must be auto, a number of seconds or empty "
+                               "(off) — refused on save", False))
     bonus = swap_affinity_bonus
     if bonus is None or not math.isfinite(bonus):
         found.append(Guarantee("Swap affinity bonus",
@@ -135,10 +144,10 @@ def crossover(gap: float, aging_divisor: float, affinity: float = 0) -> float:
     return (gap + affinity) * aging_divisor
 
 
-def guarantees(aging_divisor: float | None,
-               swap_affinity_bonus: float | None) -> list[Guarantee]:
+def guarantees(aging_divisor: float | None, swap_affinity_bonus: float | None,
+               affinity_budget: str = "") -> list[Guarantee]:
     """The panel of the settings page: each guarantee with its numbers, or the problems."""
-    bad = problems(aging_divisor, swap_affinity_bonus)
+    bad = problems(aging_divisor, swap_affinity_bonus, affinity_budget)
     if bad:
         return bad
     assert aging_divisor is not None and swap_affinity_bonus is not None
@@ -190,4 +199,25 @@ def guarantees(aging_divisor: float | None,
             "Longest wait behind interactive",
             f"a normal request waits at most {t(100)} behind fresh interactive arrivals: after "
             "that nothing new can pass it, and it waits only for what arrived before."),
+        Guarantee("Affinity budget", budget_text(affinity_budget, d, b)),
     ]
+
+
+def budget_text(affinity_budget: str, d: float, b: int) -> str:
+    """How long affinity may hold a request back, with the budget (issue 23) or without:
+    never longer than the same-priority reorder, b x d, since aging gets it in by then."""
+    if not b:
+        return "with a bonus of 0 there is no affinity to bound."
+    budget = parse_budget(affinity_budget)
+    reorder = no_overtaking_after(0, d, b)
+    then = " plus the service running then; affinity is then ignored for it until it is served."
+    if budget.swaps:
+        return (f"auto: no request is kept back by affinity for longer than "
+                f"{_number(budget.swaps)} {TIMES} its model's measured swap cost (a 30 s "
+                f"load: {format_duration(min(budget.swaps * 30, reorder))}), at most "
+                f"{format_duration(reorder)}," + then)
+    if budget.seconds:
+        return ("no request is kept back by affinity for longer than "
+                f"{format_duration(min(budget.seconds, reorder))}" + then)
+    return (f"off: affinity may hold a request back for up to {format_duration(reorder)}, the "
+            f"reorder above; auto bounds it by {_number(AUTO_SWAPS)} swap-times instead.")

@@ -64,6 +64,7 @@ _SETTINGS_PATHS = {
     "scheduler": "routing.scheduler.use",
     "aging_divisor": "routing.scheduler.settings.serial.agingDivisor",
     "swap_affinity_bonus": "routing.scheduler.settings.serial.swapAffinityBonus",
+    "affinity_budget": "routing.scheduler.settings.serial.affinityBudget",
     "health_check_timeout": "healthCheckTimeout", "global_ttl": "globalTTL",
     "unload_timeout": "unloadTimeout", "start_port": "startPort",
     "send_loading_state": "sendLoadingState", "include_aliases_in_list": "includeAliasesInList",
@@ -298,7 +299,7 @@ class _Import:
         row = ProxySettings.load()
         changed = _assign(row, {
             "scheduler": s.scheduler, "aging_divisor": s.aging_divisor,
-            "swap_affinity_bonus": s.swap_affinity_bonus,
+            "swap_affinity_bonus": s.swap_affinity_bonus, "affinity_budget": s.affinity_budget,
             "health_check_timeout": s.health_check_timeout, "global_ttl": s.global_ttl,
             "unload_timeout": s.unload_timeout, "start_port": s.start_port,
             "send_loading_state": s.send_loading_state,

@@ -14,6 +14,7 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
+from scheduling import affinity_budget
 from scheduling.priority_range import PriorityRange
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, resolve_parallel
@@ -280,6 +281,11 @@ class ProxySettings(PriorityRange):
         help_text="`routing.scheduler.settings.serial.swapAffinityBonus`: score bonus for the "
                   "loaded model, saving swaps; 0..99 so it never lifts a request into the next "
                   "band (default 10; 0 = strict arrival order within a band).")
+    affinity_budget = models.CharField(
+        max_length=16, blank=True, default="",
+        help_text="`routing.scheduler.settings.serial.affinityBudget`: how long affinity may "
+                  "hold a request back before it is ignored for it: auto (6 x its model's "
+                  "measured swap cost; recommended), seconds, or empty (off, the default).")
     health_check_timeout = models.PositiveIntegerField(
         default=120, help_text="`healthCheckTimeout`: seconds a starting model has to answer "
                                "its check endpoint before the start fails "
@@ -366,6 +372,10 @@ class ProxySettings(PriorityRange):
             errors["swap_affinity_bonus"] = (
                 f"The swap affinity bonus must be 0..{MAX_SWAP_AFFINITY_BONUS}: 100 or more "
                 "would lift a request into the next priority band.")
+        try:
+            self.affinity_budget = affinity_budget.parse_budget(self.affinity_budget).text()
+        except ValueError as exc:
+            errors["affinity_budget"] = f"The affinity budget: {exc}."
         if self.health_check_timeout < MIN_HEALTH_CHECK_TIMEOUT:
             errors["health_check_timeout"] = (
                 f"The health check timeout must be at least {MIN_HEALTH_CHECK_TIMEOUT} seconds.")

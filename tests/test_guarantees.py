@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduling.affinity_budget import parse_budget
 from scheduling.guarantees import (
     crossover,
     format_duration,
@@ -322,6 +323,24 @@ def test_invalid_values_say_why_instead_of_computing(divisor, bonus, says):
     assert " min" not in joined and " h " not in joined  # no durations from invalid values
 
 
+def test_the_affinity_budget_line_with_the_defaults():
+    """issue 23: off, the price of affinity is the same-priority reorder (bonus x divisor =
+    600 s); auto bounds it by 6 swap-times; seconds by themselves, never beyond the reorder;
+    a bonus of 0 has nothing to bound; nonsense is refused on save."""
+    def line(budget: str, bonus: int = 10) -> tuple[str, bool]:
+        g = {g.title: g for g in guarantees(60, bonus, budget)}["Affinity budget"]
+        return g.text, g.ok
+
+    assert line("")[0].startswith("off: affinity may hold a request back for up to 10 min")
+    assert "6 × its model's measured swap cost (a 30 s load: 3 min), at most 10 min" in \
+        line("auto")[0]
+    assert line("90")[0].startswith("no request is kept back by affinity for longer than 90 s")
+    assert "longer than 10 min plus" in line("3600")[0]
+    assert line("auto", bonus=0)[0] == "with a bonus of 0 there is no affinity to bound."
+    assert line("soon") == ("affinityBudget must be auto, a number of seconds or empty (off) "
+                            "— refused on save", False)
+
+
 def test_both_invalid_lists_both():
     assert [g.title for g in problems(0, 120)] == ["Band isolation", "Aging"]
     assert problems(60, 10) == []
@@ -344,6 +363,8 @@ BONUSES = [10, 0, 1, 30, 99, 100, 120, -1, 10.5, None]
 SECONDS = [0, 0.004, 0.005, 0.125, 1.125, 2.5, 9.994, 9.995, 9.999, 10, 10.5, 59.5, 119.4,
            119.5, 119.6, 120, 150.5, 599.5, 6600, 7199.4, 7199.6, 7200, 7230, 12_600,
            86_399, 172_799, 172_800, 200_000, 10**9]
+BUDGETS = ["", "auto", " AUTO ", "off", "120", " 90 s ", "7.5", ".5s", "0", "9999", "x", "-5",
+           "1e3", "auto6", "12 minutes"]
 TYPED = ["60", " 0.5 ", "+7", "-1", ".5", "5.", "1e3", "", "abc", "inf", "nan", "1_000", "0x10",
          "1e999", "1.5e-3", "10.0", "٣", "1 0"]
 
@@ -351,7 +372,8 @@ NODE_SCRIPT = """
 const g = require(process.argv[1]);
 const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
 process.stdout.write(JSON.stringify({
-  panels: input.pairs.map(([d, b]) => g.guarantees(d, b)),
+  panels: input.pairs.map(([d, b, budget]) => g.guarantees(d, b, budget)),
+  budgets: input.budgets.map(g.parseBudget),
   durations: input.seconds.map(g.formatDuration),
   parsed: input.typed.map(g.parseNumber),
 }));
@@ -363,14 +385,23 @@ def node() -> str:
 
 
 def test_the_javascript_mirror_renders_the_same_text():
-    pairs = [(d, b) for d in DIVISORS for b in BONUSES]
-    payload = json.dumps({"pairs": pairs, "seconds": SECONDS, "typed": TYPED})
+    pairs = [(d, b, budget) for d in DIVISORS for b in BONUSES for budget in BUDGETS]
+    payload = json.dumps({"pairs": pairs, "seconds": SECONDS, "typed": TYPED,
+                          "budgets": BUDGETS})
     out = subprocess.run([node(), "-e", NODE_SCRIPT, str(JS)], input=payload, text=True,
                          capture_output=True, check=True, timeout=30)
     js = json.loads(out.stdout)
-    for (d, b), panel in zip(pairs, js["panels"], strict=True):
-        expected = [{"title": g.title, "text": g.text, "ok": g.ok} for g in guarantees(d, b)]
-        assert panel == expected, (d, b)
+    for (d, b, budget), panel in zip(pairs, js["panels"], strict=True):
+        expected = [{"title": g.title, "text": g.text, "ok": g.ok}
+                    for g in guarantees(d, b, budget)]
+        assert panel == expected, (d, b, budget)
+    for typed, got in zip(BUDGETS, js["budgets"], strict=True):
+        try:
+            parsed = parse_budget(typed)
+        except ValueError:
+            assert got is None, typed
+        else:
+            assert got == {"seconds": parsed.seconds, "swaps": parsed.swaps}, typed
     assert js["durations"] == [format_duration(s) for s in SECONDS]
     assert js["parsed"] == [parse_number(t) for t in TYPED]
 
@@ -388,6 +419,7 @@ function node(id, value) {
 const page = {
   id_aging_divisor: node("id_aging_divisor", "60"),
   id_swap_affinity_bonus: node("id_swap_affinity_bonus", "10"),
+  id_affinity_budget: node("id_affinity_budget", ""),
   id_scheduler: node("id_scheduler", "serial"),
   "guarantees-list": node("guarantees-list"),
   "guarantees-fifo": node("guarantees-fifo"),
@@ -410,6 +442,9 @@ page.id_swap_affinity_bonus.fire("input");
 page.id_aging_divisor.value = "0.5";
 page.id_aging_divisor.fire("input");
 steps.push(shown());
+page.id_affinity_budget.value = "auto";
+page.id_affinity_budget.fire("input");
+steps.push(shown());
 page.id_scheduler.value = "fifo";
 page.id_scheduler.fire("change");
 steps.push(page["guarantees-fifo"].hidden);
@@ -420,10 +455,13 @@ process.stdout.write(JSON.stringify(steps));
 def test_the_page_script_re_renders_the_panel_on_input():
     out = subprocess.run([node(), "-e", DOM_SCRIPT, str(JS)], text=True, capture_output=True,
                          check=True, timeout=30)
-    refused, edited, fifo_note_hidden = json.loads(out.stdout)
+    refused, edited, budgeted, fifo_note_hidden = json.loads(out.stdout)
     assert refused == [{"cls": "guarantee guarantee-bad",
                         "text": f"{g.title}: {g.text}"} for g in guarantees(60, 120)]
     assert "band isolation is broken" in refused[0]["text"]
     assert edited == [{"cls": "guarantee guarantee-ok",
                        "text": f"{g.title}: {g.text}"} for g in guarantees(0.5, 20)]
+    assert budgeted == [{"cls": "guarantee guarantee-ok",
+                         "text": f"{g.title}: {g.text}"} for g in guarantees(0.5, 20, "auto")]
+    assert budgeted[-1]["text"].startswith("Affinity budget: auto")
     assert fifo_note_hidden is False

@@ -41,6 +41,7 @@ class ParsedSettings:
     scheduler: str = DEFAULT_SCHEDULER
     aging_divisor: float = DEFAULT_AGING_DIVISOR
     swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
+    affinity_budget: str = ""  # "", "auto" or seconds (scheduling/affinity_budget.py)
     health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT
     global_ttl: int = 0
     unload_timeout: int = DEFAULT_UNLOAD_TIMEOUT

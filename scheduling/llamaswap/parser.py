@@ -66,10 +66,11 @@ def _parse(r: Reader) -> ParsedConfig:
 
     groups, group_of = read_groups(r, real_id)
     router, matrix_vars, matrix_costs, matrix_sets = read_matrix(r)
-    scheduler, aging, bonus, priority = read_routing_scheduler(r, real_id)
+    scheduler, aging, bonus, priority, budget = read_routing_scheduler(r, real_id)
     preload = read_preload(r, real_id)
     settings = replace(settings, scheduler=scheduler, aging_divisor=aging,
-                       swap_affinity_bonus=bonus, preload=preload, router=router,
+                       swap_affinity_bonus=bonus, affinity_budget=budget, preload=preload,
+                       router=router,
                        matrix_vars=matrix_vars, matrix_evict_costs=matrix_costs)
     models = tuple(replace(m, group=group_of.get(m.model_id),
                            fifo_priority=priority.get(m.model_id, 0)) for m in models)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from scheduling import affinity_budget
 from scheduling.core.matrix import VAR_NAME
 from scheduling.llamaswap.errors import ConfigError
 from scheduling.llamaswap.parsed import (
@@ -155,8 +156,9 @@ def read_matrix(r: Reader) -> tuple[str, dict[str, str], dict[str, int],
 
 
 def read_routing_scheduler(r: Reader, real_id: Callable[[str], str | None]
-                           ) -> tuple[str, float, int, dict[str, int]]:
-    """`routing.scheduler`: (use, agingDivisor, swapAffinityBonus, {model: fifo priority})."""
+                           ) -> tuple[str, float, int, dict[str, int], str]:
+    """`routing.scheduler`: (use, agingDivisor, swapAffinityBonus, {model: fifo priority},
+    affinityBudget as the settings page stores it)."""
     base = "routing.scheduler"
     routing = r.mapping(r.data.get("routing"), "routing")
     scheduler = r.mapping(routing.get("scheduler"), base)
@@ -189,7 +191,8 @@ def read_routing_scheduler(r: Reader, real_id: Callable[[str], str | None]
 
     serial_path = f"{base}.settings.serial"
     serial = r.mapping(settings.get("serial"), serial_path)
-    r.known_keys(serial, serial_path, frozenset({"agingDivisor", "swapAffinityBonus"}))
+    r.known_keys(serial, serial_path,
+                 frozenset({"agingDivisor", "swapAffinityBonus", "affinityBudget"}))
     aging = serial.get("agingDivisor", DEFAULT_AGING_DIVISOR)
     if aging is None:
         aging = DEFAULT_AGING_DIVISOR
@@ -209,7 +212,11 @@ def read_routing_scheduler(r: Reader, real_id: Callable[[str], str | None]
                f"{MAX_SWAP_AFFINITY_BONUS} (100 or more would lift a request into the "
                "next priority band)")
         bonus = MAX_SWAP_AFFINITY_BONUS
-    return use, float(aging), bonus, priority
+    try:
+        budget = affinity_budget.parse_budget(serial.get("affinityBudget")).text()
+    except ValueError as exc:
+        raise ConfigError(f"{serial_path}.affinityBudget", str(exc)) from None
+    return use, float(aging), bonus, priority, budget
 
 
 def read_preload(r: Reader, real_id: Callable[[str], str | None]) -> tuple[str, ...]:

@@ -11,6 +11,8 @@
   var BAND_GAP = 100;
   var MAX_BONUS = BAND_GAP - 1;
   var NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+  var AUTO_SWAPS = 6; // scheduling/affinity_budget.py
+  var BUDGET_SECONDS = /^(\d+\.?\d*|\.\d+)\s*s?$/;
 
   function guarantee(title, text, ok) {
     return { title: title, text: text, ok: ok === undefined ? true : ok };
@@ -56,8 +58,30 @@
     return isFinite(value) ? value : null;
   }
 
-  function problems(agingDivisor, bonus) {
+  /* scheduling/affinity_budget.py's parse_budget, for the text typed: {seconds, swaps}, or
+   * null where it would raise (refused on save). */
+  function parseBudget(text) {
+    text = (text || "").trim().toLowerCase();
+    if (text === "" || text === "off") {
+      return { seconds: 0, swaps: 0 };
+    }
+    if (text === "auto") {
+      return { seconds: 0, swaps: AUTO_SWAPS };
+    }
+    if (BUDGET_SECONDS.test(text)) {
+      var seconds = parseFloat(text);
+      return { seconds: seconds > 0 ? seconds : 0, swaps: 0 };
+    }
+    return null;
+  }
+
+  function problems(agingDivisor, bonus, budget) {
     var found = [];
+    if (parseBudget(budget) === null) {
+      found.push(guarantee("Affinity budget",
+        "affinityBudget must be auto, a number of seconds or empty (off) — refused on save",
+        false));
+    }
     if (bonus === null || !isFinite(bonus)) {
       found.push(guarantee("Swap affinity bonus",
         "swapAffinityBonus is not a number — refused on save", false));
@@ -90,8 +114,30 @@
     return (gap + (affinity || 0)) * agingDivisor;
   }
 
-  function guarantees(agingDivisor, bonus) {
-    var bad = problems(agingDivisor, bonus);
+  function budgetText(budgetTyped, d, b) {
+    if (!b) {
+      return "with a bonus of 0 there is no affinity to bound.";
+    }
+    var budget = parseBudget(budgetTyped);
+    var reorder = noOvertakingAfter(0, d, b);
+    var then = " plus the service running then; affinity is then ignored for it until it " +
+      "is served.";
+    if (budget.swaps) {
+      return "auto: no request is kept back by affinity for longer than " +
+        number(budget.swaps) + " × its model's measured swap cost (a 30 s load: " +
+        formatDuration(Math.min(budget.swaps * 30, reorder)) + "), at most " +
+        formatDuration(reorder) + "," + then;
+    }
+    if (budget.seconds) {
+      return "no request is kept back by affinity for longer than " +
+        formatDuration(Math.min(budget.seconds, reorder)) + then;
+    }
+    return "off: affinity may hold a request back for up to " + formatDuration(reorder) +
+      ", the reorder above; auto bounds it by " + number(AUTO_SWAPS) + " swap-times instead.";
+  }
+
+  function guarantees(agingDivisor, bonus, budget) {
+    var bad = problems(agingDivisor, bonus, budget);
     if (bad.length) {
       return bad;
     }
@@ -140,12 +186,14 @@
       guarantee("Longest wait behind interactive",
         "a normal request waits at most " + t(100) + " behind fresh interactive arrivals: " +
         "after that nothing new can pass it, and it waits only for what arrived before."),
+      guarantee("Affinity budget", budgetText(budget, d, b)),
     ];
   }
 
   var api = {
     formatDuration: formatDuration,
     parseNumber: parseNumber,
+    parseBudget: parseBudget,
     guarantees: guarantees,
   };
 
@@ -177,19 +225,24 @@
     var list = document.getElementById("guarantees-list");
     var divisor = document.getElementById("id_aging_divisor");
     var bonus = document.getElementById("id_swap_affinity_bonus");
+    var budget = document.getElementById("id_affinity_budget");
     var scheduler = document.getElementById("id_scheduler");
     var fifoNote = document.getElementById("guarantees-fifo");
     if (!list || !divisor || !bonus) {
       return;
     }
     function update() {
-      render(list, guarantees(parseNumber(divisor.value), parseNumber(bonus.value)));
+      render(list, guarantees(parseNumber(divisor.value), parseNumber(bonus.value),
+                              budget ? budget.value : ""));
       if (scheduler && fifoNote) {
         fifoNote.hidden = scheduler.value !== "fifo";
       }
     }
     divisor.addEventListener("input", update);
     bonus.addEventListener("input", update);
+    if (budget) {
+      budget.addEventListener("input", update);
+    }
     if (scheduler) {
       scheduler.addEventListener("change", update);
     }

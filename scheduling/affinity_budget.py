@@ -1,0 +1,72 @@
+"""`routing.scheduler.settings.serial.affinityBudget`: what its value means, written once.
+
+Off (absent, empty, `off`, 0), `auto` (k x the waiting request's model's measured swap cost,
+k = `AUTO_SWAPS`), or a number of seconds. The config file, the settings page, the catalog,
+`gpuproxy whatif` and the guarantees panel all read it through `parse_budget`; the rule itself is
+the core's (scheduling/core/budget.py). Pure Python: the panel's JavaScript mirrors it
+(scheduling/static/scheduling/guarantees.js, checked against this file by
+tests/test_guarantees.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+AUTO = "auto"
+OFF = "off"
+#: `auto`: the budget in swap-times. 6 keeps round robin's swaps within one of serial's while
+#: the starvation trap's lone request waits 41 s instead of 729 s (issue 23's table, which
+#: bench/simulate.py's sweep reproduces).
+AUTO_SWAPS = 6.0
+REMEDY = "give auto, a number of seconds above 0, or off (empty)"
+_SECONDS = re.compile(r"(\d+\.?\d*|\.\d+)\s*s?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float = 0.0  # a fixed budget; 0 = none
+    swaps: float = 0.0  # `auto`: this many swap-times of the model; 0 = not auto
+
+    @property
+    def on(self) -> bool:
+        return self.seconds > 0 or self.swaps > 0
+
+    def text(self) -> str:
+        """As stored on the settings page: "", "auto" or the seconds ("120", "7.5")."""
+        if self.swaps:
+            return AUTO
+        if self.seconds:
+            return f"{self.seconds:g}"
+        return ""
+
+    def value(self) -> str | float | None:
+        """As a config file writes it: "auto", a number, or None (not written)."""
+        if self.swaps:
+            return AUTO
+        if self.seconds:
+            return int(self.seconds) if self.seconds == int(self.seconds) else self.seconds
+        return None
+
+
+def parse_budget(value: object) -> Budget:
+    """A budget from the file's value or the page's text; `ValueError` says what is wrong."""
+    if value is None or value is False or value == 0:
+        return Budget()
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a budget: {REMEDY}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{value} is not a budget: {REMEDY}")
+        return Budget(seconds=float(value))
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", OFF):
+            return Budget()
+        if text == AUTO:
+            return Budget(swaps=AUTO_SWAPS)
+        if _SECONDS.fullmatch(text):
+            seconds = float(text.rstrip("s").strip())
+            return Budget(seconds=seconds) if seconds > 0 else Budget()
+    raise ValueError(f"{value!r} is not a budget: {REMEDY}")
