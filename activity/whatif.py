@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from activity import events
 from activity.models import ModelEvent, RequestLog
+from scheduling.catalog import Catalog
 from scheduling.catalog_db import build_catalog
 from scheduling.core.config import SchedulerConfig
 from scheduling.guarantees import format_duration
 from scheduling.whatif import (
     Recorded,
+    Replayable,
     Report,
     WhatIfError,
     Window,
@@ -36,6 +40,9 @@ LOADS_BEFORE = 20
 MAX_REQUESTS = 100_000
 #: how far before the window to look for requests still waiting or running when it began
 LEAD = dt.timedelta(hours=24)
+#: a request running when the window begins enters the replay this much before its start,
+#: so that it takes its slot before the requests that were waiting then
+RUNNING_EARLIER = dt.timedelta(milliseconds=1)
 
 NEVER_RAN = "never dispatched (rejected, cancelled or failed before a grant: no service time)"
 PEER = "served by a peer (not this box's GPU)"
@@ -45,72 +52,78 @@ TRIMMED = "older than the newest {n:,} (the most one replay takes)"
 _STOPPED = (events.UNLOAD, events.IDLE_UNLOAD, events.CRASH, events.START_FAILED)
 
 
-def report(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None,
-           aging_divisor: float | None = None, swap_affinity_bonus: float | None = None,
-           swap_cost: float | None = None, models: Sequence[str] = (),
-           config: SchedulerConfig | None = None,
-           ttl: dict[str, float] | None = None) -> Report:
-    """Replay [start, end) under today's settings (the catalog's) and under these ones.
+def report(start: dt.datetime, end: dt.datetime, **asked: Any) -> Report:
+    """Replay [start, end) under today's settings and under the ones asked (`prepare`'s
+    arguments), here."""
+    return compare(*prepare(start, end, **asked))
 
-    `config` and `ttl` are the catalog's unless given (tests give them).
-    `swap_cost`: seconds per swap for every model, instead of the measured ones. `models`:
-    only their requests count in the figures; every request is replayed, since they all
-    shared the box. Raises `WhatIfError` for settings the settings page refuses or a window
-    with nothing to replay.
+
+def prepare(start: dt.datetime, end: dt.datetime, *, scheduler: str | None = None,
+            aging_divisor: float | None = None, swap_affinity_bonus: float | None = None,
+            affinity_budget: str | None = None, swap_cost: float | None = None,
+            models: Sequence[str] = (), config: SchedulerConfig | None = None,
+            ttl: dict[str, float] | None = None) -> Replayable:
+    """What `scheduling.whatif.compare` takes, read from the database: the window, today's
+    config, the settings asked (checked), notes and the ttls. The settings page's panel runs
+    the compare in a process of its own (gpuproxy/api/whatif.py); the command, here.
+
+    `config` and `ttl` are the catalog's unless given (tests give them). `swap_cost`: seconds
+    per swap for every model, instead of the measured ones. `models`: only their requests
+    count in the figures; every request is replayed, since they all shared the box. Raises
+    `WhatIfError` for settings the settings page refuses.
     """
     if end <= start:
         raise WhatIfError("the window ends before it starts: give --from earlier than --to")
-    if swap_cost is not None and not swap_cost > 0:
+    if swap_cost is not None and not (math.isfinite(swap_cost) and swap_cost > 0):
         raise WhatIfError("--swap-cost must be auto or a positive number of seconds")
     if config is None:  # today's: the catalog's models, swap rules, settings and ttls
         catalog = build_catalog()
-        config = catalog.scheduler_config()
-        ttl = {m: float(c.ttl) for m, c in catalog.models.items() if c.ttl > 0}
-    other, notes = variant(settings_of(config), scheduler, aging_divisor, swap_affinity_bonus)
+        config, ttl = catalog.scheduler_config(), ttls(catalog)
+    other, notes = variant(settings_of(config), scheduler, aging_divisor, swap_affinity_bonus,
+                           affinity_budget)
     window = read_window(start, end, config, models, swap_cost)
-    unknown = sorted(set(models) - {r.model for r in window.rows})
+    unknown = sorted(set(models) - {r.model for r in window.rows if r.reported})
     if unknown:
         notes.append("no replayed request for " + ", ".join(unknown))
-    return compare(window, config, other, notes, ttl)
+    return window, config, other, tuple(notes), ttl
 
 
 _FIELDS = ("received_at", "dispatched_at", "finished_at", "model", "priority", "queue_wait_ms",
            "scheduler")
 
 
+def ttls(catalog: Catalog) -> dict[str, float]:
+    """Each model's idle unload in force (its own `ttl`, else `globalTTL`), for the replay."""
+    return {m: float(c.ttl) for m, c in catalog.models.items() if c.ttl > 0}
+
+
 def read_window(start: dt.datetime, end: dt.datetime, config: SchedulerConfig,
                 models: Sequence[str] = (), swap_cost: float | None = None) -> Window:
-    """The requests received in [start, end) that ran, newest first up to `MAX_REQUESTS`;
-    and, uncounted, those received before the window and still waiting or running when it
-    began: they held the box, so a replay without them would start emptier than it was."""
+    """The requests received in [start, end) that ran, newest first up to `MAX_REQUESTS` (the
+    window then starts at the oldest taken); and, uncounted, those received before the window
+    and still running or waiting when it began, since they held the box: a replay without
+    them would start emptier than it was."""
     left_out = {NEVER_RAN: 0, PEER: 0, UNDEFINED: 0, UNFINISHED: 0}
     taken: list[tuple[dt.datetime, Recorded]] = []  # (arrival, the row with arrival 0)
-    cut = start  # the window's start; later when it holds more than one replay takes
-    trimmed = 0
+    cut = start  # where the replay starts: the window's start, or its oldest taken request
+    oldest = start  # the received_at of the oldest taken so far
     inside = (RequestLog.objects.filter(received_at__gte=start, received_at__lt=end)
               .order_by("-received_at").values_list(*_FIELDS))
     for row in inside.iterator(chunk_size=5000):
+        if len(taken) >= MAX_REQUESTS:
+            cut = oldest
+            left_out[TRIMMED.format(n=MAX_REQUESTS)] = RequestLog.objects.filter(
+                received_at__gte=start, received_at__lt=cut).count()
+            break
         why = _why_not(row, config)
         if why:
             left_out[why] += 1
-        elif trimmed or len(taken) >= MAX_REQUESTS:
-            if not trimmed:
-                cut = taken[-1][0]
-            if row[2] > cut:  # older, still running at the new start: it held the box
-                taken.append(_recorded(row, reported=False))
-            trimmed += 1
         else:
             taken.append(_recorded(row, reported=not models or row[3] in models))
-    if trimmed:
-        left_out[TRIMMED.format(n=MAX_REQUESTS)] = trimmed
-    else:
-        running = (RequestLog.objects.filter(received_at__gte=start - LEAD, received_at__lt=start,
-                                             finished_at__gt=start)
-                   .values_list(*_FIELDS))
-        taken += [_recorded(row, reported=False) for row in running if not _why_not(row, config)]
-    taken.sort(key=lambda t: t[0])
-    origin = min(cut, taken[0][0]) if taken else cut
-    rows = tuple(dataclasses.replace(r, arrival=(at - cut).total_seconds()) for at, r in taken)
+            oldest = row[0]
+    taken += _held_the_box(cut, config)
+    rows = tuple(dataclasses.replace(r, arrival=(at - cut).total_seconds())
+                 for at, r in sorted(taken, key=lambda t: t[0]))
     last = max((cut + dt.timedelta(seconds=r.arrival + r.wait + r.service) for r in rows),
                default=end)
     load: dict[str, float] = {}
@@ -121,8 +134,29 @@ def read_window(start: dt.datetime, end: dt.datetime, config: SchedulerConfig,
                   left_out={k: v for k, v in left_out.items() if v}, load=load,
                   load_basis=basis,
                   swap_cost=DEFAULT_SWAP_COST if swap_cost is None else swap_cost,
-                  preload=loaded_at(origin, config.models, rows),
-                  recorded_swaps=recorded_loads(origin, last))
+                  preload=loaded_at(cut, config.models, rows),
+                  recorded_swaps=recorded_loads(cut, last))
+
+
+def _held_the_box(cut: dt.datetime, config: SchedulerConfig
+                  ) -> list[tuple[dt.datetime, Recorded]]:
+    """The requests received before `cut` (within `LEAD`) that had not finished by then, to
+    replay uncounted: one already running holds its slot from the start (entering just
+    before it, on its loaded model) for what was left of its service; one still waiting
+    enters at the start, aged from its arrival."""
+    out = []
+    for row in (RequestLog.objects.filter(received_at__gte=cut - LEAD, received_at__lt=cut,
+                                          finished_at__gt=cut).values_list(*_FIELDS)):
+        if _why_not(row, config):
+            continue
+        arrived, rec = _recorded(row, reported=False)
+        dispatched, finished = row[1], row[2]
+        if dispatched < cut:
+            out.append((cut - RUNNING_EARLIER, dataclasses.replace(
+                rec, service=(finished - cut + RUNNING_EARLIER).total_seconds(), wait=0.0)))
+        else:
+            out.append((arrived, dataclasses.replace(rec, enters=0.0)))
+    return out
 
 
 def _why_not(row: tuple, config: SchedulerConfig) -> str | None:
@@ -224,4 +258,4 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
-__all__ = ["WhatIfError", "read_window", "report"]
+__all__ = ["WhatIfError", "prepare", "read_window", "report"]

@@ -59,10 +59,13 @@ from scheduling.core.stats import SchedulerStats
 class Row:
     """One request to replay."""
 
-    arrival: float  # seconds from the start of the trace
+    arrival: float  # seconds from the start of the trace: its wait and its aging count from here
     model: str
     priority: int
     service: float  # seconds its upstream needs to serve it
+    # when it reaches the scheduler, if later than its arrival: a request that was already
+    # waiting when a replayed window begins enters at its start, aged from its arrival
+    enters: float | None = None
 
 
 class ArrivalOrder:
@@ -190,7 +193,11 @@ class SimEffects:
         self._sim.scheduler.on_swap_done(SwapDone(model, self._sim.now))
 
     def _touch(self, model: str) -> None:
-        now = self._used[model] = self._sim.now
+        self.touch_at(model, self._sim.now)
+
+    def touch_at(self, model: str, now: float) -> None:
+        """`model` was used at `now`: its idle unload is due `ttl` later, unless used again."""
+        self._used[model] = now
         if self._ttl.get(model, 0) > 0:
             self._sim.at(now + self._ttl[model], self._ttl_due, model, now)
 
@@ -325,12 +332,14 @@ def replay(rows: Sequence[Row], config: SchedulerConfig, swap_cost: float,
     fx = SimEffects(sim, config, swap_cost, load, ttl)
     for m in preload:
         fx.states[m] = READY
+        fx.touch_at(m, 0.0)  # its ttl counts from the start: its last use before is unknown
     sim.scheduler = (cast(Scheduler, ArrivalOrder(config, fx)) if arrival_order
                      else make_scheduler(config, fx))
     jobs = [Job(i, r) for i, r in enumerate(rows)]
     for i, job in enumerate(jobs):
         req = Request(i + 1, job.row.model, job.row.arrival, job.row.priority, handle=job)
-        sim.at(job.row.arrival, _arrive, sim, req)
+        enters = job.row.arrival if job.row.enters is None else job.row.enters
+        sim.at(enters, _arrive, sim, req)
     _QUIET.local.replaying = True
     try:
         sim.run()

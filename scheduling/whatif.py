@@ -20,8 +20,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
+from scheduling.affinity_budget import Budget, parse_budget
 from scheduling.core.config import SchedulerConfig
 from scheduling.core.priority import band
 from scheduling.guarantees import MAX_BONUS, format_duration, problems
@@ -47,25 +49,37 @@ class Settings:
     scheduler: str = "serial"
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
+    affinity_budget: str = ""  # "", "auto" or seconds (scheduling/affinity_budget.py)
 
     def describe(self) -> str:
         if self.scheduler == "fifo":
             return "fifo"
         return (f"serial, agingDivisor {self.aging_divisor:g} s, "
-                f"swapAffinityBonus {self.swap_affinity_bonus}")
+                f"swapAffinityBonus {self.swap_affinity_bonus}"
+                + (f", affinityBudget {self.affinity_budget}" if self.affinity_budget else ""))
 
 
 def settings_of(config: SchedulerConfig) -> Settings:
-    return Settings(config.scheduler, config.aging_divisor, config.swap_affinity_bonus)
+    budget = Budget(config.affinity_budget, config.affinity_budget_swaps)
+    return Settings(config.scheduler, config.aging_divisor, config.swap_affinity_bonus,
+                    budget.text())
 
 
 def variant(today: Settings, scheduler: str | None = None, aging_divisor: float | None = None,
-            swap_affinity_bonus: float | None = None) -> tuple[Settings, list[str]]:
+            swap_affinity_bonus: float | None = None, affinity_budget: str | None = None
+            ) -> tuple[Settings, list[str]]:
     """Today's settings with the given ones in their place, and notes on what was changed to
     make them replayable. Raises `WhatIfError` for values the settings page refuses (a divisor
-    ≤ 0, a negative or fractional bonus, an unknown scheduler)."""
+    ≤ 0, a negative or fractional bonus, an unknown scheduler, a budget that is not auto,
+    seconds or off)."""
     if scheduler is not None and scheduler not in SCHEDULERS:
         raise WhatIfError(f"scheduler {scheduler!r}: use serial or fifo")
+    budget = today.affinity_budget
+    if affinity_budget is not None:
+        try:
+            budget = parse_budget(affinity_budget).text()
+        except ValueError as exc:
+            raise WhatIfError(f"affinityBudget: {exc}") from None
     divisor = today.aging_divisor if aging_divisor is None else aging_divisor
     bonus = today.swap_affinity_bonus if swap_affinity_bonus is None else swap_affinity_bonus
     notes = []
@@ -77,7 +91,7 @@ def variant(today: Settings, scheduler: str | None = None, aging_divisor: float 
     bad = problems(divisor, bonus)
     if bad:
         raise WhatIfError("; ".join(p.text.replace(" — refused on save", "") for p in bad))
-    return Settings(scheduler or today.scheduler, float(divisor), int(bonus)), notes
+    return Settings(scheduler or today.scheduler, float(divisor), int(bonus), budget), notes
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,7 @@ class Recorded:
     service: float  # finished - dispatched, seconds
     wait: float  # the recorded queue wait: arrival → grant, seconds
     reported: bool = True  # counted in the figures (`--model` picks which)
+    enters: float | None = None  # already waiting when the window began: enters at 0
 
 
 @dataclass(frozen=True)
@@ -142,8 +157,9 @@ class Fidelity:
     replayed_swaps: int
 
     @property
-    def share_within(self) -> float:
-        return self.within / self.n if self.n else 1.0
+    def share_within(self) -> float | None:
+        """None when nothing was compared (no request of the figures in the window)."""
+        return self.within / self.n if self.n else None
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,7 @@ class Report:
             "fidelity": dataclasses.asdict(self.fidelity)
             | {"share_within": self.fidelity.share_within},
             "verdict": verdict(self.fidelity),
+            "verdict_level": verdict_level(self.fidelity),
             "notes": list(self.notes),
             "tolerance": {"seconds": TOLERANCE_S, "share": TOLERANCE_SHARE},
             "window": {"label": w.label, "requests": len(w.rows),
@@ -192,14 +209,21 @@ def replay_config(config: SchedulerConfig, settings: Settings) -> SchedulerConfi
                 for m, c in config.models.items()},
         scheduler=settings.scheduler, aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
+        affinity_budget=parse_budget(settings.affinity_budget).seconds,
+        affinity_budget_swaps=parse_budget(settings.affinity_budget).swaps,
         max_waiting=0, max_waiting_per_band={}, report_positions=False)
 
 
 def run(window: Window, config: SchedulerConfig, settings: Settings,
         ttl: dict[str, float] | None = None) -> Replay:
-    rows = [Row(r.arrival, r.model, r.priority, r.service) for r in window.rows]
+    rows = [Row(r.arrival, r.model, r.priority, r.service, r.enters) for r in window.rows]
     return replay(rows, replay_config(config, settings), window.swap_cost, dict(window.load),
                   window.preload, label=settings.describe(), ttl=ttl)
+
+
+#: `compare`'s arguments, as activity/whatif.py's `prepare` reads them
+Replayable = tuple["Window", SchedulerConfig, "Settings", tuple[str, ...],
+                   dict[str, float] | None]
 
 
 def compare(window: Window, config: SchedulerConfig, other: Settings,
@@ -208,8 +232,7 @@ def compare(window: Window, config: SchedulerConfig, other: Settings,
     each model's idle unload, seconds (the catalog's), replayed as the upstream does it."""
     if not window.rows:
         raise WhatIfError(f"no request to replay in {window.label}: "
-                          + (_left_out_text(window.left_out) or "the activity log has none")
-                          + "; try a longer window (--since 7d)")
+                          + (_left_out_text(window.left_out) or "the activity log has none"))
     today = settings_of(config)
     base = run(window, config, today, ttl)
     alt = base if other == today else run(window, config, other, ttl)
@@ -309,7 +332,8 @@ def render(report: Report) -> str:
         lines.append(f"  {name:<13}{rec.n:>6}" + "".join(
             f"{_s(v):>{COL}}" for v in (rec.p50, rec.p95, rep.p50, rep.p95)))
     lines.append(f"  per request: |replayed - recorded| median {_s(f.error_p50)}, p95 "
-                 f"{_s(f.error_p95)}; {f.within:,} of {f.n:,} ({f.share_within:.0%}) within "
+                 f"{_s(f.error_p95)}; {f.within:,} of {f.n:,} "
+                 f"({'-' if f.share_within is None else format(f.share_within, '.0%')}) within "
                  f"{TOLERANCE_S:g} s or {TOLERANCE_SHARE:.0%}")
     lines.append("  swaps: " + (f"recorded {f.recorded_swaps:,}, " if f.recorded_swaps is not None
                                 else "") + f"replayed {f.replayed_swaps:,}")
@@ -317,14 +341,43 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
+def verdict_level(f: Fidelity) -> str:
+    """"matches", "roughly", "no" or "nothing" (compared): how far to trust the what-if
+    column, from how well today's replay matched; the panel styles by it."""
+    share = f.share_within
+    if share is None:
+        return "nothing"
+    return "matches" if share >= 0.9 else "roughly" if share >= 0.6 else "no"
+
+
 def verdict(f: Fidelity) -> str:
     """One line: how far to trust the what-if column, from how well today's replay matched."""
-    if f.share_within >= 0.9:
+    level = verdict_level(f)
+    if level == "nothing":
+        return ("nothing to compare: no request of the figures ran in the window, so the "
+                "replay cannot be checked against the log")
+    if level == "matches":
         return ("the replay matches: trust the what-if figures as far as the limits in "
                 "docs/scheduling.md (\"What if\") allow")
-    if f.share_within >= 0.6:
+    if level == "roughly":
         return ("the replay roughly matches: read the what-if figures as a direction, not "
                 "as numbers (docs/scheduling.md, \"What if\", lists why a replay drifts)")
     return ("the replay does NOT match what happened: do not rely on the what-if figures "
             "(docs/scheduling.md, \"What if\", lists why: parallel slots, unloads by ttl, "
             "requests that never ran)")
+
+
+def answer_in_child(conn: Connection, args: Replayable) -> None:
+    """A process's whole work: `compare(*args)` as JSON-ready data, sent down `conn` as
+    ("ok", data), ("whatif", message) or ("error", what went wrong). The settings page's
+    replays run here, in a process of their own (gpuproxy/api/whatif.py): minutes of pure
+    Python on the proxy's own process would hold its interpreter lock and slow every
+    request it serves. Imports nothing of Django: the child needs only this module."""
+    try:
+        conn.send(("ok", compare(*args).as_dict()))
+    except WhatIfError as exc:
+        conn.send(("whatif", str(exc)))
+    except Exception as exc:  # the parent logs it, with its type
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()

@@ -138,7 +138,7 @@ async def test_the_hand_worked_window_today_and_with_bonus_0(client, people):
     body = (await c.get(URL, {"swap_affinity_bonus": "0"})).json()
     today, other = body["today"], body["other"]
     assert today["settings"] == {"scheduler": "serial", "aging_divisor": 60.0,
-                                 "swap_affinity_bonus": 10}
+                                 "swap_affinity_bonus": 10, "affinity_budget": ""}
     assert other["settings"]["swap_affinity_bonus"] == 0
     assert today["bands"]["normal"] == {"n": 3, "p50": 8.0, "p95": 17.0, "max": 17.0}
     assert other["bands"]["normal"] == {"n": 3, "p50": 14.0, "p95": 20.0, "max": 20.0}
@@ -207,13 +207,13 @@ async def test_the_same_question_within_the_cache_time_is_not_replayed_again(
         client, people, monkeypatch):
     await runtime.run_db(seed_hand_window)
     calls: list[dict] = []
-    real = log_window.report
+    real = log_window.prepare
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(log_window, "report", spy)
+    monkeypatch.setattr(log_window, "prepare", spy)
     c = await as_user(people["viewer"])
     first = (await c.get(URL, {"swap_affinity_bonus": "0"})).json()
     again = (await c.get(URL, {"swap_affinity_bonus": "0.0"})).json()  # the same value
@@ -250,7 +250,7 @@ async def test_one_replay_per_question_in_flight_and_none_for_a_question_given_u
     """The panel aborts a stale question: if its replay has not started, it never does. The
     same question asked twice while it replays is replayed once."""
     await runtime.run_db(seed_hand_window)
-    real = log_window.report
+    real = log_window.prepare
     ran: list[float] = []
     started, gate = threading.Event(), threading.Event()
 
@@ -261,7 +261,7 @@ async def test_one_replay_per_question_in_flight_and_none_for_a_question_given_u
             gate.wait(20)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(log_window, "report", held)
+    monkeypatch.setattr(log_window, "prepare", held)
     c = await as_user(people["viewer"])
     first = asyncio.create_task(c.get(URL, {"swap_affinity_bonus": "1"}))
     twin = asyncio.create_task(c.get(URL, {"swap_affinity_bonus": "1"}))
@@ -277,3 +277,71 @@ async def test_one_replay_per_question_in_flight_and_none_for_a_question_given_u
     # the thread runs in order: had the stale replay not been dropped, it would run first
     assert (await c.get(URL, {"swap_affinity_bonus": "3"})).status_code == 200
     assert ran == [1, 3]
+
+
+async def test_staff_without_the_permission_may_still_ask_with_an_admin_key(client, people):
+    def keys() -> None:
+        seed_hand_window()
+        ApiKey.objects.create(name="ops", key_hash=hash_key(ADMIN_KEY), admin=True)
+
+    await runtime.run_db(keys)
+    c = await as_user(people["staff"])
+    r = await c.get(URL, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert r.status_code == 200, r.content
+
+
+async def test_without_keys_the_refusal_does_not_offer_one(client):
+    await runtime.run_db(seed_hand_window)
+    message = (await client.get(URL)).json()["error"]["message"]
+    assert "API key" not in message and "log in as staff" in message
+
+
+async def test_the_panel_replays_each_models_ttl_as_the_command_does(client, people):
+    """A's ttl (60 s) unloaded it between its two requests 10 min apart: the panel's replay
+    loads it twice, as the log and the command do (it once dropped the catalog's ttls)."""
+    def seed() -> None:
+        ModelDefinition.objects.create(model_id="A", cmd="x", proxy="http://127.0.0.1:1",
+                                       ttl=60)
+        RequestLog.objects.bulk_create([served("A", 100, 110, 115), served("A", 700, 710, 715)])
+        ModelEvent.objects.bulk_create(
+            ModelEvent(model="A", kind=kind, reason=events.REQUEST, at=at(t), duration_ms=d)
+            for kind, t, d in ((events.LOAD, 100, None), (events.READY, 110, 10_000),
+                               (events.LOAD, 700, None), (events.READY, 710, 10_000)))
+
+    await runtime.run_db(seed)
+    body = (await (await as_user(people["viewer"])).get(URL)).json()
+    f = body["fidelity"]
+    assert (f["n"], f["within"], f["recorded_swaps"], f["replayed_swaps"]) == (2, 2, 2, 2)
+    assert body["today"]["idle_unloads"] == 2 and body["verdict_level"] == "matches"
+
+
+def test_the_replay_runs_in_a_process_of_its_own_and_is_stopped_past_its_limit():
+    """The panel's replay: the same figures as in-process, from another process; one past its
+    limit is stopped (no child left behind) and said so."""
+    import multiprocessing
+
+    from scheduling.core.config import ModelConfig, SchedulerConfig
+    from scheduling.core.swapper import GroupSwapper
+    from scheduling.whatif import Recorded, Settings, Window, compare
+
+    window = Window("by hand", (Recorded(0.0, "A", 0, 10.0, 0.0),
+                                Recorded(1.0, "B", 0, 2.0, 17.0),
+                                Recorded(2.0, "A", 0, 3.0, 8.0)), swap_cost=5.0, preload=("A",))
+    config = SchedulerConfig(models={m: ModelConfig() for m in "AB"},
+                             swapper=GroupSwapper([], ["A", "B"]), scheduler="serial")
+    args = (window, config, Settings("serial", 60.0, 0), (), None)
+    assert whatif_api.replay_elsewhere(args) == compare(*args).as_dict()
+    with pytest.raises(whatif_api.ReplayTooLong, match="took longer than 0 s"):
+        whatif_api.replay_elsewhere(args, limit=0.0)
+    assert multiprocessing.active_children() == []
+    with pytest.raises(log_window.WhatIfError, match="no request to replay"):
+        whatif_api.replay_elsewhere((Window("empty", ()), config, Settings(), (), None))
+
+
+async def test_a_replay_past_its_limit_is_a_503_that_says_what_to_do(client, people,
+                                                                      monkeypatch):
+    await runtime.run_db(seed_hand_window)
+    monkeypatch.setattr(whatif_api, "REPLAY_SECONDS", 0.0)
+    r = await (await as_user(people["viewer"])).get(URL)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "replay_too_long"
+    assert "gpuproxy whatif" in r.json()["error"]["message"]

@@ -134,7 +134,7 @@ def test_the_panel_replays_the_last_24h_as_the_fields_are_typed(serve, browser):
     settled(page)
     typed = asked[before:]
     assert 1 <= len(typed) <= 2, typed
-    assert typed[-1].endswith("swap_affinity_bonus=1234&scheduler=serial"), typed
+    assert "swap_affinity_bonus=1234&" in typed[-1], typed
 
 
 def test_the_panel_says_when_the_last_24h_hold_nothing_to_replay(serve, browser):  # noqa: F811

@@ -8,6 +8,7 @@ tests/test_whatif_e2e.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -32,6 +33,7 @@ from scheduling.whatif import (
     Window,
     compare,
     render,
+    run,
     variant,
 )
 
@@ -101,6 +103,52 @@ def test_a_model_idle_for_its_ttl_unloads_and_the_next_request_pays_its_load(arr
     assert (idle.swaps, idle.idle_unloads) == (1, 2)
 
 
+def test_the_affinity_budget_replayed():
+    """issue 23's starvation trap in miniature: loaded A gets a request every 4 s (5 s each,
+    more than the box serves) and one B arrives at 30 s. Affinity alone holds B back until
+    aging gets it in (bonus x divisor = 600 s). With a 60 s budget it waits at most for the
+    service running when it arrived (its first lost pick comes when that ends), the budget,
+    the service running when the budget runs out, and its own swap: 5 + 60 + 5 + 5 s."""
+    rows = [Recorded(4.0 * i, "A", 0, 5.0, wait=0.0) for i in range(300)]
+    rows.append(Recorded(30.5, "B", 0, 5.0, wait=0.0))
+    window = Window("trap", tuple(sorted(rows, key=lambda r: r.arrival)), swap_cost=5.0,
+                    preload=("A",))
+    other, notes = variant(Settings(), affinity_budget="60")
+    assert (other.affinity_budget, notes) == ("60", [])
+    report = compare(window, one_at_a_time("A", "B"), other)
+    lone = [i for i, r in enumerate(window.rows) if r.model == "B"]
+    assert report.other.settings.describe().endswith("affinityBudget 60")
+
+    def b_wait(settings: Settings) -> float:
+        done = run(window, one_at_a_time("A", "B"), settings)
+        job = done.jobs[lone[0]]
+        assert job.started is not None
+        return job.started - job.row.arrival
+
+    assert b_wait(Settings()) > 500
+    assert b_wait(other) <= 5 + 60 + 5 + 5
+    with pytest.raises(WhatIfError, match="affinityBudget: 'soon' is not a budget"):
+        variant(Settings(), affinity_budget="soon")
+
+
+def test_a_model_loaded_when_the_window_begins_unloads_by_its_ttl_too():
+    """A is loaded at the start (ttl 30 s, used last at some time before): unused, it
+    unloads by 30 s at the latest, so a request at 100 waits for its load (10 s)."""
+    done = replay([Row(100.0, "A", 0, 5.0)], one_at_a_time("A"), 10.0, preload=("A",),
+                  ttl={"A": 30.0})
+    assert (done.jobs[0].started - 100.0, done.swaps) == (10.0, 1)
+
+
+def test_nothing_to_compare_is_not_a_match():
+    """No request of the figures in the window (`--model` naming one that did not run):
+    nothing was checked, and the verdict says so instead of "trust"."""
+    rows = tuple(dataclasses.replace(r, reported=False) for r in HAND.rows)
+    report = compare(dataclasses.replace(HAND, rows=rows), one_at_a_time("A", "B"), Settings())
+    assert (report.fidelity.n, report.fidelity.share_within) == (0, None)
+    assert report.as_dict()["verdict_level"] == "nothing"
+    assert "nothing to compare" in render(report) and "trust" not in render(report)
+
+
 def test_settings_are_checked_as_the_settings_page_checks_them():
     today = Settings("serial", 60.0, 10)
     assert variant(today) == (today, [])
@@ -118,7 +166,8 @@ def test_settings_are_checked_as_the_settings_page_checks_them():
 
 
 def test_an_empty_window_says_why():
-    with pytest.raises(WhatIfError, match=r"no request to replay.*3 never dispatched.*--since"):
+    with pytest.raises(WhatIfError,
+                       match=r"no request to replay in the last hour: 3 never dispatched$"):
         compare(Window("the last hour", (), left_out={"never dispatched": 3}),
                 one_at_a_time("A"), Settings())
 
@@ -221,14 +270,46 @@ def test_a_request_running_when_the_window_begins_still_holds_the_box():
     assert (f.recorded_swaps, f.replayed_swaps) == (1, 1)
     assert report.window.preload == ("A",)
     assert [(r.model, r.arrival, r.reported) for r in report.window.rows] == [
-        ("A", -5.0, False), ("B", 1.0, True)]
+        ("A", -0.001, False), ("B", 1.0, True)]  # A holds its slot from the start to 110
+
+
+@pytest.mark.django_db
+def test_what_began_before_the_window_is_read_at_its_start():
+    """A request ran for six hours up to 50 s into the window, B's loads and unloads came and
+    went before it (30 of them), and a request for B has waited since 10 s before the
+    window: it enters at the start, aged from its arrival, waits for A's end (50 s) and its
+    load (5 s), 65 s as recorded. What was loaded and the loads counted are the window's own:
+    A, and B's one load in it. A request for B at 60 s finds B loaded."""
+    define("A", "B")
+    RequestLog.objects.bulk_create([
+        log_row("A", 100 - 6 * 3600, 100 - 6 * 3600, 150, wait=0),
+        log_row("B", 90, 155, 156, wait=65, swap=5),
+        log_row("B", 160, 160, 161, wait=0),
+    ])
+    early = [event("A", events.LOAD, -6 * 3600), event("A", events.READY, -6 * 3600 + 5, 5.0)]
+    for k in range(30):
+        t = -20000 + 600 * k
+        early += [event("B", events.LOAD, t), event("B", events.READY, t + 5, 5.0),
+                  event("B", events.UNLOAD, t + 60, 0.0, reason=events.ADMIN)]
+    ModelEvent.objects.bulk_create([*early, event("B", events.LOAD, 150),
+                                    event("B", events.READY, 155, 5.0)])
+    report = window_reader.report(at(100), at(300), config=one_at_a_time("A", "B"))
+    w = report.window
+    assert [(r.model, r.arrival, r.enters, r.reported) for r in w.rows] == [
+        ("B", -10.0, 0.0, False), ("A", -0.001, None, False), ("B", 60.0, None, True)]
+    assert w.preload == ("A",)
+    f = report.fidelity
+    assert (f.n, f.within, f.recorded_swaps, f.replayed_swaps) == (1, 1, 1, 1)
+    done = run(w, one_at_a_time("A", "B"), report.today.settings)
+    assert done.jobs[0].granted - w.rows[0].arrival == pytest.approx(65.0)
 
 
 @pytest.mark.django_db
 def test_a_window_longer_than_one_replay_takes_its_newest(monkeypatch):
     """At most 2 here: the newest two (arrived 35 and 25) are replayed from 25; the one that
-    arrived at 15 still ran at 25 (until 30), so it is replayed uncounted; the one of 10 is
-    not. Both older ones are said to be left out."""
+    arrived at 15 still ran at 25 (20-30), so it is replayed uncounted, holding its slot from
+    the start (1 ms before it) to 30; the one of 10 is not. Both older ones are said to be
+    left out."""
     monkeypatch.setattr(window_reader, "MAX_REQUESTS", 2)
     define("A")
     RequestLog.objects.bulk_create([log_row("A", 10, 10, 20, wait=0),
@@ -236,8 +317,8 @@ def test_a_window_longer_than_one_replay_takes_its_newest(monkeypatch):
                                     log_row("A", 25, 30, 40, wait=5),
                                     log_row("A", 35, 40, 50, wait=5)])
     w = window_reader.read_window(at(0), at(100), one_at_a_time("A"))
-    assert [(r.arrival, r.reported) for r in w.rows] == [(-10.0, False), (0.0, True),
-                                                        (10.0, True)]
+    assert [(r.arrival, r.reported, r.service) for r in w.rows] == [
+        (-0.001, False, 5.001), (0.0, True, 10.0), (10.0, True, 10.0)]
     assert w.left_out == {window_reader.TRIMMED.format(n=2): 2}
     assert w.label.startswith(f"{at(25):%Y-%m-%d %H:%M:%S} →")
 
@@ -345,10 +426,13 @@ def test_the_command_refuses_what_it_cannot_replay():
     record_trace()
     for args, words in ((["--aging-divisor", "0"], "agingDivisor ≤ 0"),
                         (["--swap-cost", "fast"], "give auto or a number"),
+                        (["--affinity-budget", "soon"], "affinityBudget: 'soon' is not"),
                         (["--swap-cost", "0"], "positive number"),
+                        (["--swap-cost", "inf"], "positive number"),
                         (["--to", "2026-01-01"], "--to goes with --from"),
                         (["--from", "2026-01-02", "--to", "2026-01-01"], "ends before"),
-                        (["--from", "2020-01-01", "--to", "2020-01-02"], "no request to replay"),
+                        (["--from", "2020-01-01", "--to", "2020-01-02"],
+                         r"no request to replay.*try a longer window \(--since 7d\)"),
                         (["--since", "yesterday"], "not a time")):
         with pytest.raises(CommandError, match=words):
             call_command("whatif", *args)

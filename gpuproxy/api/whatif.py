@@ -1,9 +1,10 @@
-"""`GET /api/whatif?window=24h&scheduler=&aging_divisor=&swap_affinity_bonus=`: the settings
-page's what-if panel (scheduling/static/scheduling/whatif.js) asks what the values being typed
-would have done to the activity log's last `window` (1h..7d as `90m`, `24h`, `7d`; default
-24h). The answer is `scheduling.whatif.Report.as_dict()` plus its `verdict` (that module's
-wording, so the command and the panel say the same), or, when the window holds no request
-that ran, a 200 with `empty: true` and the reason (docs/dashboard.md, "What if").
+"""`GET /api/whatif?window=24h&scheduler=&aging_divisor=&swap_affinity_bonus=&affinity_budget=`:
+the settings page's what-if panel (scheduling/static/scheduling/whatif.js) asks what the
+values being typed would have done to the activity log's last `window` (1h..7d as `90m`,
+`24h`, `7d`; default 24h). The answer is `scheduling.whatif.Report.as_dict()` plus its
+`verdict` (that module's wording, so the command and the panel say the same), or, when the
+window holds no request that ran, a 200 with `empty: true` and the reason
+(docs/dashboard.md, "What if").
 
 Who may ask: a staff session that may view the proxy settings (the page's own reader), or an
 admin API key. Not `api_view`: with keys defined, the edge would refuse the panel's keyless
@@ -11,10 +12,11 @@ GET before its session is looked at (gpuproxy/proxy/edge.py reads `requires_api_
 else gets a 403 in the API's envelope, which the panel can show.
 
 Values the settings page refuses are 400s with `WhatIfError`'s message, checked on the loop
-before anything is read. The replay itself reads the database and burns CPU (a 24 h window
-of 20,000 requests: 2-4 s, and 36 s for values that would have overloaded the box,
-docs/dashboard.md), so it runs on a thread of its own, not on the loop nor on
-`runtime.run_db`'s database thread (the activity API would wait behind it), one at a time; a
+before anything is read. The replay reads the database and burns CPU (a 24 h window of
+20,000 requests: 2-4 s, about 30 s for values that would have overloaded the box,
+docs/dashboard.md): the window is read on a thread of its own, not on the loop nor on
+`runtime.run_db`'s database thread (the activity API would wait behind it), one at a time,
+and replayed in a process of its own (`replay_elsewhere`), stopped after `REPLAY_SECONDS`; a
 question given up before its replay starts is dropped.
 An answer is kept `CACHE_SECONDS` per (window, settings asked, catalog in force), and a
 second ask while the first is still replaying waits for that one: an admin typing back and
@@ -29,6 +31,7 @@ import concurrent.futures
 import datetime as dt
 import functools
 import math
+import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,12 +50,21 @@ from gpuproxy.proxy.auth import KeyRefusal, authorize
 from gpuproxy.shell import runtime
 from scheduling.core.config import SchedulerConfig
 from scheduling.guarantees import format_duration, parse_number
-from scheduling.whatif import Settings, WhatIfError, settings_of, variant, verdict
+from scheduling.whatif import (
+    Replayable,
+    Settings,
+    WhatIfError,
+    answer_in_child,
+    settings_of,
+    variant,
+)
 
 DEFAULT_WINDOW = "24h"
 MIN_WINDOW = dt.timedelta(hours=1)
 MAX_WINDOW = dt.timedelta(days=7)
 CACHE_SECONDS = 45.0
+#: the longest one replay may run before it is stopped (the command has no limit)
+REPLAY_SECONDS = 120.0
 CACHE_ENTRIES = 32
 #: who may: the admin's own test for reading the settings page (view, or change, permission)
 PERMISSIONS = ("scheduling.view_proxysettings", "scheduling.change_proxysettings")
@@ -93,15 +105,13 @@ def _number(query: Any, name: str) -> float | None:
 
 
 async def _refusal(request: HttpRequest) -> HttpResponse | None:
+    """None when the caller may ask: staff who may view the settings, or an admin key."""
     user = await request.auser()
-    if user.is_active and user.is_staff:
+    staff = user.is_active and user.is_staff
+    if staff:
         for perm in PERMISSIONS:
             if await user.ahas_perm(perm):
                 return None
-        return json_error(403, "your account may not view the proxy settings: a superuser can "
-                               "grant it 'scheduling | proxy settings | Can view proxy "
-                               "settings' in the admin",
-                          type_="permission_error", code="permission_required")
     authorization = request.headers.get("Authorization", "")
     x_api_key = request.headers.get("X-Api-Key", "")
     catalog = (await runtime.port()).catalog
@@ -112,8 +122,14 @@ async def _refusal(request: HttpRequest) -> HttpResponse | None:
             return json_error(who.status, who.message, type_=who.type, code=who.code,
                               headers=who.headers)
         return None
+    if staff:
+        return json_error(403, "your account may not view the proxy settings: a superuser can "
+                               "grant it 'scheduling | proxy settings | Can view proxy "
+                               "settings' in the admin",
+                          type_="permission_error", code="permission_required")
     return json_error(403, "log in as staff (the admin's login) with permission to view the "
-                           "proxy settings, or send an admin API key",
+                           "proxy settings" + (", or send an admin API key"
+                                               if catalog.api_keys else ""),
                       type_="permission_error", code="staff_required")
 
 
@@ -129,7 +145,8 @@ async def whatif(request: HttpRequest) -> HttpResponse:
     q = request.GET
     asked: dict[str, Any] = {"scheduler": q.get("scheduler") or None,
                              "aging_divisor": _number(q, "aging_divisor"),
-                             "swap_affinity_bonus": _number(q, "swap_affinity_bonus")}
+                             "swap_affinity_bonus": _number(q, "swap_affinity_bonus"),
+                             "affinity_budget": q.get("affinity_budget")}
     try:
         span = parse_window(q.get("window"))
         other, notes = variant(settings_of(config), **asked)
@@ -141,29 +158,72 @@ async def whatif(request: HttpRequest) -> HttpResponse:
     try:
         if (problem := runtime.database_problem()) is not None:
             raise runtime.DatabaseUnavailable(problem)
-        body = await _answer(key, functools.partial(compute, span, config, asked))
+        body = await _answer(key, functools.partial(compute, span, config,
+                                                     log_window.ttls(catalog), asked))
     except (OperationalError, InterfaceError) as exc:
         return database_unavailable(exc)
+    except ReplayTooLong as exc:
+        return json_error(503, str(exc), type_="server_error", code="replay_too_long")
     return JsonResponse(body, json_dumps_params={"ensure_ascii": False})
 
 
-def compute(span: dt.timedelta, config: SchedulerConfig, asked: dict[str, Any]
-            ) -> dict[str, Any]:
+def compute(span: dt.timedelta, config: SchedulerConfig, ttl: dict[str, float],
+            asked: dict[str, Any]) -> dict[str, Any]:
     """The replay, on the what-if thread (ORM, then CPU)."""
     close_old_connections()
     began = time.monotonic()
     end = timezone.now()
     try:
-        report = log_window.report(end - span, end, config=config, **asked)
+        args = log_window.prepare(end - span, end, config=config, ttl=ttl, **asked)
+    finally:
+        connections.close_all()  # a thread that is idle most of the time holds none open
+    try:
+        data = replay_elsewhere(args)
     except WhatIfError as exc:  # settings were checked already: the window has nothing
         return {"empty": True, "message": str(exc), "window_seconds": span.total_seconds(),
                 "computed_at": end.isoformat()}
-    finally:
-        connections.close_all()  # a thread that is idle most of the time holds none open
-    return report.as_dict() | {
-        "empty": False, "verdict": verdict(report.fidelity),
+    return data | {
+        "empty": False,
         "window_seconds": span.total_seconds(), "computed_at": end.isoformat(),
         "elapsed_s": round(time.monotonic() - began, 3)}
+
+
+class ReplayTooLong(RuntimeError):
+    """The replay ran past `REPLAY_SECONDS` and was stopped."""
+
+
+def replay_elsewhere(args: Replayable, limit: float | None = None) -> dict[str, Any]:
+    """`compare(*args).as_dict()` in a process of its own (`answer_in_child`), stopped after
+    `limit` seconds: pure Python here would hold the proxy's interpreter lock for as long as
+    it runs (a 20,000-request replay beside the event loop made the loop wake 5 ms late
+    instead of 0.1 ms, /tmp probe in the review of issue 22). Spawned, not forked: the proxy
+    has threads and an event loop a fork would copy mid-flight."""
+    limit = REPLAY_SECONDS if limit is None else limit
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=answer_in_child, args=(theirs, args), daemon=True,
+                        name="gpuproxy-whatif")
+    child.start()
+    theirs.close()
+    try:
+        if not ours.poll(limit):
+            raise ReplayTooLong(
+                f"the replay took longer than {format_duration(limit)} and was stopped: ask "
+                "for a shorter window, or run `gpuproxy whatif` on the command line, which "
+                "has no limit")
+        status, value = ours.recv()
+    except EOFError:
+        status, value = "error", f"the replay process ended without an answer ({child.exitcode})"
+    finally:
+        ours.close()
+        if child.is_alive():
+            child.kill()
+        child.join(5)
+    if status == "whatif":
+        raise WhatIfError(value)
+    if status == "error":
+        raise RuntimeError(f"the what-if replay failed: {value}")
+    return value
 
 
 @dataclass(eq=False)

@@ -1,5 +1,6 @@
 """`gpuproxy whatif [--since 24h | --from … --to …] [--model M] [--aging-divisor X]
-[--swap-affinity-bonus Y] [--scheduler serial|fifo] [--swap-cost auto|SECONDS] [--json]`.
+[--swap-affinity-bonus Y] [--affinity-budget auto|SECONDS|off] [--scheduler serial|fifo]
+[--swap-cost auto|SECONDS] [--json]`.
 
 Replays the activity log's requests of a window through the real scheduling core, under the
 settings in force and under the ones given, and prints per band p50/p95/max wait, swaps and
@@ -42,6 +43,9 @@ class Command(BaseCommand):
                                  "today's)")
         parser.add_argument("--swap-affinity-bonus", type=float,
                             help="serial: the loaded model's bonus, 0..99 (default: today's)")
+        parser.add_argument("--affinity-budget",
+                            help="serial: how long affinity may hold a request back: auto, "
+                                 "seconds, or off (default: today's)")
         parser.add_argument("--swap-cost", default="auto",
                             help="seconds per swap for every model, or auto (default): each "
                                  "model's measured from the window's own loads")
@@ -70,10 +74,12 @@ class Command(BaseCommand):
             report = whatif.report(
                 start, end, scheduler=options["scheduler"],
                 aging_divisor=options["aging_divisor"],
-                swap_affinity_bonus=options["swap_affinity_bonus"], swap_cost=swap_cost,
+                swap_affinity_bonus=options["swap_affinity_bonus"],
+                affinity_budget=options["affinity_budget"], swap_cost=swap_cost,
                 models=options["model"])
         except WhatIfError as exc:
-            raise CommandError(str(exc)) from None
+            hint = "; try a longer window (--since 7d)" if "no request to" in str(exc) else ""
+            raise CommandError(str(exc) + hint) from None
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
         else:

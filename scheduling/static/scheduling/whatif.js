@@ -117,11 +117,13 @@
 
   function fidelity(data) {
     var f = data.fidelity, tol = data.tolerance;
-    var p = el("p", null, "whatif-fidelity" + (f.share_within < 0.6 ? " whatif-bad" : ""));
+    var bad = data.verdict_level === "no" || data.verdict_level === "nothing";
+    var p = el("p", null, "whatif-fidelity" + (bad ? " whatif-bad" : ""));
     p.setAttribute("data-testid", "whatif-fidelity");
     p.appendChild(el("strong", "Does today's replay match the log? "));
     p.appendChild(document.createTextNode(
-      Math.round(f.share_within * 100) + "% of " + count(f.n) + " queue waits within " +
+      (f.share_within === null ? "-" : Math.round(f.share_within * 100) + "%") + " of " +
+      count(f.n) + " queue waits within " +
       tol.seconds + " s or " + Math.round(tol.share * 100) + "% of the recorded one; swaps: " +
       (f.recorded_swaps === null ? "" : "recorded " + count(f.recorded_swaps) + ", ") +
       "replayed " + count(f.replayed_swaps) + " — " + data.verdict + "."));
@@ -149,9 +151,12 @@
     var scheduler = document.getElementById("id_scheduler");
     var divisor = document.getElementById("id_aging_divisor");
     var bonus = document.getElementById("id_swap_affinity_bonus");
-    if (!panel || !state || !result || !divisor || !bonus || !window.gpuproxyGuarantees) {
+    var budget = document.getElementById("id_affinity_budget");
+    if (!panel || !state || !result || !window.gpuproxyGuarantees) {
       return;
     }
+    // A view-only page shows the values as text, not inputs: ask about today's values.
+    var inputs = [scheduler, divisor, bonus, budget].filter(function (x) { return x; });
     var timer = null;
     var inFlight = null;
 
@@ -168,14 +173,13 @@
       }
       var controller = new AbortController();
       inFlight = controller;
-      var query = new URLSearchParams({
-        window: WINDOW,
-        aging_divisor: divisor.value,
-        swap_affinity_bonus: bonus.value,
+      var query = new URLSearchParams({ window: WINDOW });
+      [[scheduler, "scheduler"], [divisor, "aging_divisor"], [bonus, "swap_affinity_bonus"],
+       [budget, "affinity_budget"]].forEach(function (pair) {
+        if (pair[0]) {
+          query.set(pair[1], pair[0].value);
+        }
       });
-      if (scheduler) {
-        query.set("scheduler", scheduler.value);
-      }
       show("computing…", "busy");
       panel.setAttribute("aria-busy", "true");
       result.classList.add("whatif-stale");
@@ -228,11 +232,9 @@
       timer = setTimeout(ask, DEBOUNCE_MS);
     }
 
-    divisor.addEventListener("input", later);
-    bonus.addEventListener("input", later);
-    if (scheduler) {
-      scheduler.addEventListener("change", later);
-    }
+    inputs.forEach(function (input) {
+      input.addEventListener(input === scheduler ? "change" : "input", later);
+    });
     ask();
   }
 
