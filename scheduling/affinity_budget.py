@@ -17,8 +17,8 @@ from dataclasses import dataclass
 AUTO = "auto"
 OFF = "off"
 #: `auto`: the budget in swap-times. 6 keeps round robin's swaps within one of serial's while
-#: the starvation trap's lone request waits 41 s instead of 729 s (issue 23's table, which
-#: bench/simulate.py's sweep reproduces).
+#: the starvation trap's lone request waits 44.5 s instead of 729.5 s (bench/simulate.py's
+#: sweep at swap 5 s; issue 23's own table says 41 s and 729 s).
 AUTO_SWAPS = 6.0
 REMEDY = "give auto, a number of seconds above 0, or off (empty)"
 _SECONDS = re.compile(r"(\d+\.?\d*|\.\d+)\s*s?", re.ASCII)
