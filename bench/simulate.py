@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(ROOT))
 
+from scheduling.affinity_budget import AUTO_SWAPS  # noqa: E402
 from scheduling.core.config import ModelConfig, SchedulerConfig  # noqa: E402
 from scheduling.core.matrix import MatrixError, MatrixSwapper  # noqa: E402
 from scheduling.core.priority import band  # noqa: E402
@@ -69,7 +70,7 @@ from scheduling.replay import Job, Replay, Row, percentile, replay  # noqa: E402
 
 TRACES = ROOT / "bench" / "traces"
 SHIPPED = ("flood", "roundrobin", "starvation", "gpu8", "roundrobin3", "trap", "mixed")
-DEFAULT_BUDGET_K = 6.0  # the affinity budget's `auto`: k x the measured swap cost
+DEFAULT_BUDGET_K = AUTO_SWAPS  # the affinity budget's `auto`: k x the measured swap cost
 MIXED_SWAP_RISE = 0.10  # on `mixed`, the budget may raise serial's swaps by at most this
 BAND_ORDER = ("interactive", "normal", "batch")
 BAND_GAP = 100  # bands sit 100 apart (docs/scheduling.md)
@@ -352,7 +353,7 @@ def simulate(rows: Sequence[Row], policy: Policy, swap_cost: float = 10.0,
     request. `preload`: models READY at t = 0. `box`: a matrix machine instead of `groups`."""
     models = sorted({r.model for r in rows} | (box.models if box is not None else set()))
     # The budget's `auto` measures each model's swaps; until then it assumes the run's cost
-    # (a live box would know it from its log: the simulator is not made to learn it).
+    # (a live box assumes 10 s, `SchedulerConfig.assumed_swap_cost`, until its first swap).
     config = replace(build_config(models, policy, groups, box), assumed_swap_cost=swap_cost)
     done = replay(rows, config, swap_cost, box.load if box is not None else None, preload,
                   arrival_order=policy.kind == "arrival", label=policy.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 AUTO = "auto"
 OFF = "off"
@@ -21,7 +22,9 @@ OFF = "off"
 #: sweep at swap 5 s; issue 23's own table says 41 s and 729 s).
 AUTO_SWAPS = 6.0
 REMEDY = "give auto, a number of seconds above 0, or off (empty)"
-_SECONDS = re.compile(r"(\d+\.?\d*|\.\d+)\s*s?", re.ASCII)
+MAX_SECONDS = 365 * 86400  # a longer budget is off in all but name
+_SPACE = " \t\n\r\f\v"  # ASCII whitespace: guarantees.js trims the same, not Unicode's
+_SECONDS = re.compile(r"(\d+\.?\d*|\.\d+)[ \t\n\r\f\v]*s?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class Budget:
         """As stored on the settings page: "", "auto" or the seconds ("120", "7.5")."""
         if self.swaps:
             return AUTO
-        if self.seconds:
-            return f"{self.seconds:g}"
+        if self.seconds:  # never an exponent: parse_budget reads plain digits only
+            return format(Decimal(repr(self.seconds)), "f").rstrip("0").rstrip(".")
         return ""
 
     def value(self) -> str | float | None:
@@ -51,7 +54,16 @@ class Budget:
 
 
 def parse_budget(value: object) -> Budget:
-    """A budget from the file's value or the page's text; `ValueError` says what is wrong."""
+    """A budget from the file's value or the page's text; `ValueError` says what is wrong.
+    Seconds are kept to the millisecond, so that the stored text reads back the same."""
+    budget = _parse(value)
+    seconds = round(budget.seconds, 3)
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{value!r} is more than a year: {REMEDY}")
+    return Budget(seconds=seconds, swaps=budget.swaps)
+
+
+def _parse(value: object) -> Budget:
     if value is None or value is False or value == 0:
         return Budget()
     if isinstance(value, bool):
@@ -61,12 +73,12 @@ def parse_budget(value: object) -> Budget:
             raise ValueError(f"{value} is not a budget: {REMEDY}")
         return Budget(seconds=float(value))
     if isinstance(value, str):
-        text = value.strip().lower()
+        text = value.strip(_SPACE).lower()
         if text in ("", OFF):
             return Budget()
         if text == AUTO:
             return Budget(swaps=AUTO_SWAPS)
         if _SECONDS.fullmatch(text):
-            seconds = float(text.rstrip("s").strip())
+            seconds = float(text.rstrip("s").rstrip(_SPACE))
             return Budget(seconds=seconds) if seconds > 0 else Budget()
     raise ValueError(f"{value!r} is not a budget: {REMEDY}")

@@ -204,20 +204,21 @@ def guarantees(aging_divisor: float | None, swap_affinity_bonus: float | None,
 
 
 def budget_text(affinity_budget: str, d: float, b: int) -> str:
-    """How long affinity may hold a request back, with the budget (issue 23) or without:
-    never longer than the same-priority reorder, b x d, since aging gets it in by then."""
+    """How long affinity may hold a request back, with the budget (issue 23) or without.
+    Without, nothing but the queue bounds it: later arrivals stop passing after b x d, but
+    every one that arrived before then still goes first (the starvation trap: 729 s)."""
     if not b:
         return "with a bonus of 0 there is no affinity to bound."
     budget = parse_budget(affinity_budget)
-    reorder = no_overtaking_after(0, d, b)
     then = " plus the service running then; affinity is then ignored for it until it is served."
     if budget.swaps:
         return (f"auto: no request is kept back by affinity for longer than "
                 f"{_number(budget.swaps)} {TIMES} its model's measured swap cost (a 30 s "
-                f"load: {format_duration(min(budget.swaps * 30, reorder))}), at most "
-                f"{format_duration(reorder)}," + then)
+                f"load: {format_duration(budget.swaps * 30)})" + then)
     if budget.seconds:
         return ("no request is kept back by affinity for longer than "
-                f"{format_duration(min(budget.seconds, reorder))}" + then)
-    return (f"off: affinity may hold a request back for up to {format_duration(reorder)}, the "
-            f"reorder above; auto bounds it by {_number(AUTO_SWAPS)} swap-times instead.")
+                f"{format_duration(budget.seconds)}" + then)
+    return (f"off: only the queue bounds how long affinity holds a request back: requests for "
+            f"the loaded model arriving more than {format_duration(no_overtaking_after(0, d, b))}"
+            " after it no longer pass it, but all that arrived before then go first; auto "
+            f"bounds it by {_number(AUTO_SWAPS)} swap-times.")

@@ -284,7 +284,8 @@ class ProxySettings(PriorityRange):
     affinity_budget = models.CharField(
         max_length=16, blank=True, default="",
         help_text="`routing.scheduler.settings.serial.affinityBudget`: how long affinity may "
-                  "hold a request back before it is ignored for it: auto (6 x its model's "
+                  "hold a request back before it is ignored for it: auto "
+                  f"({affinity_budget.AUTO_SWAPS:g} x its model's "
                   "measured swap cost; recommended), seconds, or empty (off, the default).")
     health_check_timeout = models.PositiveIntegerField(
         default=120, help_text="`healthCheckTimeout`: seconds a starting model has to answer "

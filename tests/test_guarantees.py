@@ -324,18 +324,21 @@ def test_invalid_values_say_why_instead_of_computing(divisor, bonus, says):
 
 
 def test_the_affinity_budget_line_with_the_defaults():
-    """issue 23: off, the price of affinity is the same-priority reorder (bonus x divisor =
-    600 s); auto bounds it by 6 swap-times; seconds by themselves, never beyond the reorder;
-    a bonus of 0 has nothing to bound; nonsense is refused on save."""
+    """issue 23: off, only the queue bounds what affinity costs (later arrivals stop passing
+    after bonus x divisor = 600 s); auto bounds it by 6 swap-times; seconds by themselves; a
+    bonus of 0 has nothing to bound; nonsense is refused on save."""
     def line(budget: str, bonus: int = 10) -> tuple[str, bool]:
         g = {g.title: g for g in guarantees(60, bonus, budget)}["Affinity budget"]
         return g.text, g.ok
 
-    assert line("")[0].startswith("off: affinity may hold a request back for up to 10 min")
-    assert "6 × its model's measured swap cost (a 30 s load: 3 min), at most 10 min" in \
+    assert line("")[0].startswith("off: only the queue bounds how long affinity holds a "
+                                  "request back: requests for the loaded model arriving more "
+                                  "than 10 min after it no longer pass it")
+    assert "6 × its model's measured swap cost (a 30 s load: 3 min) plus the service" in \
         line("auto")[0]
     assert line("90")[0].startswith("no request is kept back by affinity for longer than 90 s")
-    assert "longer than 10 min plus" in line("3600")[0]
+    # not capped at bonus x divisor: what arrived within it still goes first (the trap)
+    assert "longer than 60 min plus" in line("3600")[0]
     assert line("auto", bonus=0)[0] == "with a bonus of 0 there is no affinity to bound."
     assert line("soon") == ("affinityBudget must be auto, a number of seconds or empty (off) "
                             "— refused on save", False)
@@ -364,7 +367,8 @@ SECONDS = [0, 0.004, 0.005, 0.125, 1.125, 2.5, 9.994, 9.995, 9.999, 10, 10.5, 59
            119.5, 119.6, 120, 150.5, 599.5, 6600, 7199.4, 7199.6, 7200, 7230, 12_600,
            86_399, 172_799, 172_800, 200_000, 10**9]
 BUDGETS = ["", "auto", " AUTO ", "off", "120", " 90 s ", "7.5", ".5s", "0", "9999", "x", "-5",
-           "1e3", "auto6", "12 minutes"]
+           "1e3", "auto6", "12 minutes", "5\u00a0s", "\u20035", "\x1c5", "\t5\n", "0.0004",
+           "31536000", "31536001", "1234567.891234"]
 TYPED = ["60", " 0.5 ", "+7", "-1", ".5", "5.", "1e3", "", "abc", "inf", "nan", "1_000", "0x10",
          "1e999", "1.5e-3", "10.0", "٣", "1 0"]
 

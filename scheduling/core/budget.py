@@ -93,10 +93,12 @@ class AffinityBudget:
         """Whether a request's budget ran out and it still waits."""
         return bool(self._overriding)
 
-    def budget_for(self, req: Request) -> float:
-        """Seconds `req` may lose picks to affinity (0 when the budget is off)."""
+    def budget_for(self, req: Request, model: str | None = None) -> float:
+        """Seconds `req` may lose picks to affinity (0 when the budget is off); `auto` is
+        k x the swap cost of `model`, the model it would run on (a selector's request: the
+        target its selector picks now), else its own."""
         if self._swaps > 0:
-            return self._swaps * self.swap_cost(req.model)
+            return self._swaps * self.swap_cost(model or req.model)
         return self._seconds
 
     def swap_cost(self, model: str) -> float:
@@ -107,12 +109,13 @@ class AffinityBudget:
         """Every measured swap cost (model -> seconds); read-only for metrics and tests."""
         return dict(self._swap_cost)
 
-    def lost(self, req: Request, now: float) -> bool:
+    def lost(self, req: Request, now: float, model: str | None = None) -> bool:
         """`req` lost a pick only because of affinity at `now`: note its first such pick;
         True when this spent its budget: it joins the overriding requests, and the pick must
-        be decided again. False for one already overriding (it cannot lose twice)."""
+        be decided again. False for one already overriding (it cannot lose twice). `model`:
+        the model it would run on, for `auto` (`budget_for`)."""
         first = self._first_lost.setdefault(req, now)
-        if req not in self._overriding and now - first >= self.budget_for(req):
+        if req not in self._overriding and now - first >= self.budget_for(req, model):
             self._overriding.add(req)
             return True
         return False

@@ -433,7 +433,7 @@ class Serial(ScoreQueue):
         # (a lifted request cannot lose a pick to affinity again, so each walk that ends
         # here has lifted one more request: the walks that follow end)
         if (no_aff_winner is not winner and no_aff_winner is not None and self._budget.on
-                and self._budget.lost(no_aff_winner, self._now)):
+                and self._budget.lost(no_aff_winner, self._now, self._runs_on(no_aff_winner))):
             self._stats.affinity_budget_overrides += 1
             self._invalidate_order()
             return True
@@ -442,6 +442,13 @@ class Serial(ScoreQueue):
         if no_aff_winner is not winner:
             self._stats.pick_changed_by_affinity += 1
         return False
+
+    def _runs_on(self, req: Request) -> str:
+        """The model `req` would run on: a selector's request, its selector's pick now (the
+        swap costs are measured per model, never per selector)."""
+        if req.model in self._config.selectors:
+            return self._pick(req.model)[0] or req.model
+        return req.model
 
     def _release(self, req: Request) -> None:
         """`Ledger._release`; a request that leaves the queue ends its budget override."""
@@ -459,7 +466,8 @@ class Serial(ScoreQueue):
         req.dispatch = Dispatch(band=band(req.priority), score=req.priority + aff + aging,
                                 priority=req.priority, affinity=float(aff), aging=aging,
                                 seq=req.seq, queue_wait=self._now - req.arrived,
-                                budget_override=model in self._budget.lifted())
+                                budget_override=(self._budget.overriding
+                                                 and model in self._budget.lifted()))
         self._deliver(req, model)
         if self._budget.forget(req):  # served: its override ends
             self._invalidate_order()

@@ -196,3 +196,31 @@ def test_auto_without_a_usable_assumed_cost_assumes_ten_seconds(assumed):
     trap is then the 20 s budget worked out above, b granted at 35."""
     run = replay(trap(), config(swaps=2, assumed=assumed), swap_cost=10.0, preload=["a"])
     assert b_job(run).granted == 35.0
+
+
+def test_auto_budget_of_a_selectors_request_is_its_targets_measured_swap():
+    """`auto` for a request to a selector (pin to b) is k x the swap cost measured for b, the
+    model it runs on: swap costs are kept per model, never per selector (it once fell back to
+    the assumed cost, 100 s here, and waited 204.5 s where the direct request waited 8)."""
+    from scheduling.core.config import SelectorConfig
+    from scheduling.core.events import Request
+    from tests.scheduling.test_serial_budget_properties import Box, box_config
+
+    def waited(late_model: str) -> float:
+        cfg = replace(box_config(swaps=2.0, assumed=100.0),
+                      selectors={"sb": SelectorConfig("pin", ("b",))})
+        fx = Box(2.0, None)
+        fx.s = Serial(cfg, fx)
+        reqs = [Request(1, "b", 0.0, 0), Request(2, "a", 0.5, 0)]
+        reqs += [Request(3 + i, "a", 5.0 + i, 0) for i in range(300)]
+        late = Request(1000, late_model, 6.0, 0)
+        for r in [*reqs, late]:
+            fx.service[r] = 1.5 if r.model == "a" else 1.0
+            fx.at(r.arrived, "arrive", r)
+        fx.run()
+        assert fx.s.swap_costs()["b"] == 2.0
+        return fx.left[late] - 6.0
+
+    direct = waited("b")
+    assert direct < 20
+    assert waited("sb") == direct

@@ -11,8 +11,9 @@
   var BAND_GAP = 100;
   var MAX_BONUS = BAND_GAP - 1;
   var NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
-  var AUTO_SWAPS = 6; // scheduling/affinity_budget.py
-  var BUDGET_SECONDS = /^(\d+\.?\d*|\.\d+)\s*s?$/;
+  var AUTO_SWAPS = 6; // scheduling/affinity_budget.py, as MAX_BUDGET_SECONDS
+  var MAX_BUDGET_SECONDS = 365 * 86400;
+  var BUDGET_SECONDS = /^(\d+\.?\d*|\.\d+)[ \t\n\r\f\v]*s?$/;
 
   function guarantee(title, text, ok) {
     return { title: title, text: text, ok: ok === undefined ? true : ok };
@@ -61,7 +62,7 @@
   /* scheduling/affinity_budget.py's parse_budget, for the text typed: {seconds, swaps}, or
    * null where it would raise (refused on save). */
   function parseBudget(text) {
-    text = (text || "").trim().toLowerCase();
+    text = (text || "").replace(/^[ \t\n\r\f\v]+|[ \t\n\r\f\v]+$/g, "").toLowerCase();
     if (text === "" || text === "off") {
       return { seconds: 0, swaps: 0 };
     }
@@ -69,8 +70,8 @@
       return { seconds: 0, swaps: AUTO_SWAPS };
     }
     if (BUDGET_SECONDS.test(text)) {
-      var seconds = parseFloat(text);
-      return { seconds: seconds > 0 ? seconds : 0, swaps: 0 };
+      var seconds = Math.round(parseFloat(text) * 1000) / 1000; // to the millisecond
+      return seconds > MAX_BUDGET_SECONDS ? null : { seconds: seconds, swaps: 0 };
     }
     return null;
   }
@@ -119,21 +120,21 @@
       return "with a bonus of 0 there is no affinity to bound.";
     }
     var budget = parseBudget(budgetTyped);
-    var reorder = noOvertakingAfter(0, d, b);
     var then = " plus the service running then; affinity is then ignored for it until it " +
       "is served.";
     if (budget.swaps) {
       return "auto: no request is kept back by affinity for longer than " +
         number(budget.swaps) + " × its model's measured swap cost (a 30 s load: " +
-        formatDuration(Math.min(budget.swaps * 30, reorder)) + "), at most " +
-        formatDuration(reorder) + "," + then;
+        formatDuration(budget.swaps * 30) + ")" + then;
     }
     if (budget.seconds) {
       return "no request is kept back by affinity for longer than " +
-        formatDuration(Math.min(budget.seconds, reorder)) + then;
+        formatDuration(budget.seconds) + then;
     }
-    return "off: affinity may hold a request back for up to " + formatDuration(reorder) +
-      ", the reorder above; auto bounds it by " + number(AUTO_SWAPS) + " swap-times instead.";
+    return "off: only the queue bounds how long affinity holds a request back: requests for " +
+      "the loaded model arriving more than " + formatDuration(noOvertakingAfter(0, d, b)) +
+      " after it no longer pass it, but all that arrived before then go first; auto bounds " +
+      "it by " + number(AUTO_SWAPS) + " swap-times.";
   }
 
   function guarantees(agingDivisor, bonus, budget) {
