@@ -23,7 +23,11 @@ GPUPROXY_HEADER_TIMEOUT_SECONDS the request line and headers must arrive within 
 GPUPROXY_SHUTDOWN_GRACE_SECONDS on SIGTERM/SIGINT, how long requests in flight may finish
                     before the upstreams stop (default 30); new and queued requests get 503
                     `shutting_down` meanwhile, and a second signal ends the wait at once
-GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-database lock's own connection is
+GPUPROXY_NODE       this box's name in a fleet (default: the host name, or its first label when
+                    the whole name is too long): letters, digits, `.`, `-`, `_`, at most 63
+                    characters; one `serve` per node per database, and every activity row and
+                    model event carries it (`node`); a bad value stops the start
+GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-node lock's own connection is
                     checked, and the lock re-taken after a database outage (default 1); the
                     same check makes /health say `degraded` while the database is unreachable
 GPUPROXY_TRUSTED_PROXIES reverse proxies (IPs and CIDR networks, comma-separated) whose
@@ -34,7 +38,9 @@ GPUPROXY_TRUSTED_PROXIES reverse proxies (IPs and CIDR networks, comma-separated
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import socket
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -88,6 +94,30 @@ def env_networks(name: str) -> tuple:
         return parse_trusted(value)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}={value!r}: {exc}") from None
+
+
+NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
+
+
+def env_node(name: str = "GPUPROXY_NODE", hostname: str | None = None) -> str:
+    """This box's name in a fleet. It keys the one-instance lock and marks every activity
+    row, so a bad value stops the start rather than being mangled into a name nobody chose;
+    a host name too long for one is taken up to its first dot (`gpu1.lab.example` -> `gpu1`)
+    only when the whole does not fit."""
+    value = os.environ.get(name)
+    if value is not None:
+        if not NODE_NAME.fullmatch(value):
+            raise ImproperlyConfigured(
+                f"{name}={value!r} is not a node name: use 1 to 63 letters, digits, '.', '-' "
+                f"or '_' (e.g. {name}=gpu-box-1), or unset it to use the host name")
+        return value
+    host = socket.gethostname() if hostname is None else hostname
+    for candidate in (host, host.split(".", 1)[0]):
+        if NODE_NAME.fullmatch(candidate):
+            return candidate
+    raise ImproperlyConfigured(
+        f"this machine's host name {host!r} is not a node name (1 to 63 letters, digits, "
+        f"'.', '-' or '_'): set {name} to one, e.g. {name}=gpu-box-1")
 
 
 def sqlite_database(path: Path | str) -> dict:
@@ -252,6 +282,7 @@ GPUPROXY_MAX_BODY_BYTES = env_int("GPUPROXY_MAX_BODY_MB", "32") * 1024 * 1024
 # A client that trickles its request head holds a connection; bodies and answers are not timed.
 GPUPROXY_HEADER_TIMEOUT = env_float("GPUPROXY_HEADER_TIMEOUT_SECONDS", "30", minimum=0.1)
 GPUPROXY_SHUTDOWN_GRACE = env_float("GPUPROXY_SHUTDOWN_GRACE_SECONDS", "30")
+GPUPROXY_NODE = env_node()
 GPUPROXY_LOCK_CHECK = env_float("GPUPROXY_LOCK_CHECK_SECONDS", "1", minimum=0.05)
 # How often the running proxy checks the definitions' fingerprint (saves it was not told of).
 GPUPROXY_RELOAD_SECONDS = env_float("GPUPROXY_RELOAD_SECONDS", "2", minimum=0.01)

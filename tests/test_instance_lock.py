@@ -1,4 +1,4 @@
-"""One proxy per database, through database outages (gpuproxy/shell/instance.py).
+"""One proxy per node per database, through database outages (gpuproxy/shell/instance.py).
 
 The lock is a PostgreSQL session advisory lock: it lives exactly as long as the connection
 that took it. The field report cut that connection for one second and a second `serve` then
@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import psycopg
@@ -25,8 +26,12 @@ from tests.test_activity_writer import _outage_end, _outage_start
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
-KEY = 0x67707278  # the lock id; written here by hand, not imported from the code under test
-FAST = {"GPUPROXY_LOCK_CHECK_SECONDS": "0.2"}
+KEY = 0x67707278  # the lock class; written here by hand, not imported from the code under test
+NODE = "lock-test-node"
+# the node's lock is (KEY, CRC-32 of its name); pg_locks shows the second key unsigned
+NODE_OBJID = zlib.crc32(NODE.encode())
+NODE_KEY2 = NODE_OBJID - (1 << 32) if NODE_OBJID >= 1 << 31 else NODE_OBJID
+FAST = {"GPUPROXY_LOCK_CHECK_SECONDS": "0.2", "GPUPROXY_NODE": NODE}
 
 
 def _connect(application_name: str = "gpuproxy-test", dbname: str | None = None
@@ -44,9 +49,9 @@ def lock_holders() -> list[int]:
     with _connect(dbname="postgres") as conn:
         rows = conn.execute(
             "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-            "WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = %s "
-            "AND l.objsubid = 1 AND l.granted AND d.datname = %s",
-            [KEY, connection.settings_dict["NAME"]]).fetchall()
+            "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s "
+            "AND l.objsubid = 2 AND l.granted AND d.datname = %s",
+            [KEY, NODE_OBJID, connection.settings_dict["NAME"]]).fetchall()
     return [pid for (pid,) in rows]
 
 
@@ -62,7 +67,7 @@ def _replace_test_connections() -> None:
 def _second_serve(tmp_path: Path) -> subprocess.CompletedProcess:
     cfg = tmp_path / "second.yaml"
     cfg.write_text(one_model(free_port()))
-    env = {**os.environ, "DATABASE_URL": database_url(),
+    env = {**os.environ, "DATABASE_URL": database_url(), "GPUPROXY_NODE": NODE,
            "GPUPROXY_DATA_DIR": str(tmp_path / "other-data")}
     return subprocess.run(
         [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
@@ -85,7 +90,7 @@ def test_the_lock_is_taken_again_after_an_outage(serve, tmp_path: Path):
 
     second = _second_serve(tmp_path)
     assert second.returncode != 0, second.stdout + second.stderr
-    assert "another gpuproxy serve is using the database" in second.stderr
+    assert f"another gpuproxy serve for the node {NODE!r} is using the database" in second.stderr
     assert f"gpuproxy serve pid {first.proc.pid}" in second.stderr  # who holds it
     assert first.http.get("/health").status_code == 200
     assert first.proc.poll() is None
@@ -102,7 +107,7 @@ def test_losing_the_lock_to_another_holder_stops_this_proxy_loudly(serve):
     [holder] = until("the proxy holds the lock", lock_holders)
     with _connect("intruder-7f3a") as intruder:
         intruder.execute("SELECT pg_terminate_backend(%s)", [holder])
-        intruder.execute("SELECT pg_advisory_lock(%s)", [KEY])
+        intruder.execute("SELECT pg_advisory_lock(%s, %s)", [KEY, NODE_KEY2])
         assert proxy.proc.wait(30) != 0, proxy.output()
     out = proxy.output()
     assert "intruder-7f3a" in out, out  # the other holder, by its application_name

@@ -1,9 +1,16 @@
 """One proxy per GPU box: `serve` holds a lock for its whole life, and keeps holding it.
 
 Two schedulers on one GPU would each believe the memory is theirs. A second `gpuproxy serve`
-on the same data dir (a file lock) or the same PostgreSQL database (a session advisory lock)
-refuses to start. Both locks vanish with the process, however it ends, so a crash never leaves
-a stale lock behind.
+on the same data dir (a file lock) or for the same node (GPUPROXY_NODE) on the same PostgreSQL
+database (a session advisory lock keyed by the node) refuses to start; other nodes share the
+database. Both locks vanish with the process, however it ends, so a crash never leaves a stale
+lock behind.
+
+The node's lock is `pg_try_advisory_lock(LOCK_KEY, node_key(node))`: a CRC-32 of the name, the
+same in every process and release (Python's `hash()` is salted per process). Beside it each
+serve holds the single-key lock of the releases before node names (`LOCK_KEY` as a bigint)
+shared, so an older serve, which takes that one exclusively, and a newer one refuse each
+other on one database rather than both driving it.
 
 The advisory lock lives exactly as long as the database session that took it, and a session
 ends with any blip of the network or the database (the field report: a 1 s outage, and a
@@ -29,6 +36,7 @@ import os
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,22 +44,32 @@ from typing import Any
 
 logger = logging.getLogger("gpuproxy.shell.instance")
 
-LOCK_KEY = 0x67707278  # "gprx": the advisory lock id of "a gpuproxy serves this database"
-# pg_try_advisory_lock(bigint) shows in pg_locks as classid = high 32 bits, objid = low ones.
-_CLASSID, _OBJID = LOCK_KEY >> 32, LOCK_KEY & 0xFFFFFFFF
+LOCK_KEY = 0x67707278  # "gprx": the advisory lock class of "a gpuproxy serves this database"
 
+# pg_locks shows pg_try_advisory_lock(int4, int4) as classid = key1, objid = key2 (unsigned),
+# objsubid = 2; the old pg_try_advisory_lock(bigint) as classid = high 32 bits, objid = low
+# ones, objsubid = 1.
 _HOLDS = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-          "AND classid = %s AND objid = %s AND objsubid = 1 AND granted "
+          "AND classid = %s AND objid = %s AND objsubid = 2 AND granted "
           "AND pid = pg_backend_pid() AND database = "
           "(SELECT oid FROM pg_database WHERE datname = current_database()))")
-_HOLDER = ("SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start "
-           "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-           "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s "
-           "AND l.objsubid = 1 AND l.granted AND l.database = "
-           "(SELECT oid FROM pg_database WHERE datname = current_database())")
+# This node's holder, or a serve from before node names (the old key, held exclusively).
+_HOLDER = ("SELECT l.pid, a.application_name, a.client_addr::text, a.backend_start, "
+           "l.objsubid = 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+           "WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid() AND "
+           "((l.classid = %s AND l.objid = %s AND l.objsubid = 2) OR (l.classid = 0 AND "
+           "l.objid = %s AND l.objsubid = 1 AND l.mode = 'ExclusiveLock')) AND l.database = "
+           "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+           "ORDER BY l.objsubid DESC LIMIT 1")
 # A dead peer is noticed by TCP, not only at the next query that happens to fail.
 _KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
               "keepalives_count": 3, "tcp_user_timeout": 15000}
+
+
+def node_key(node: str) -> int:
+    """The node's half of its lock key: CRC-32 of its UTF-8 name, as a signed int4."""
+    crc = zlib.crc32(node.encode())
+    return crc - (1 << 32) if crc >= 1 << 31 else crc
 
 
 class AlreadyServing(RuntimeError):
@@ -92,11 +110,13 @@ class InstanceLock:
     advisory lock on a connection of its own, watched by `watch()`."""
 
     def __init__(self, data_dir: Path, database: dict[str, Any] | None,
-                 check_every: float = 1.0, pid: int | None = None) -> None:
+                 check_every: float = 1.0, pid: int | None = None, node: str = "") -> None:
         # The pid a person should look for: this process, or the supervisor of the
         # scheduler process that holds the lock under `serve --workers N`.
         self.pid = os.getpid() if pid is None else pid
         self.data_dir = data_dir
+        self.node = node or socket.gethostname()  # GPUPROXY_NODE, from serve
+        self._key = node_key(self.node)
         self.database = database  # psycopg connect kwargs, or None (SQLite)
         self.check_every = check_every
         self._file: Any = None
@@ -138,9 +158,10 @@ class InstanceLock:
                 conn.close()
                 self.release()
                 raise AlreadyServing(
-                    f"another gpuproxy serve is using the database {self._where()} (the lock "
-                    f"is held by {holder}): one scheduler per GPU box. Stop it first, or point "
-                    "this one at its own database (DATABASE_URL).")
+                    f"another gpuproxy serve for the node {self.node!r} is using the database "
+                    f"{self._where()} (the lock is held by {holder}): one scheduler per node. "
+                    "Stop it first; if this one drives other GPUs, give it its own "
+                    "GPUPROXY_NODE (or its own database, DATABASE_URL).")
             self._conn = conn
             self._backend_pid = conn.info.backend_pid
         _current = self
@@ -194,12 +215,12 @@ class InstanceLock:
         conn = self._conn
         if conn is not None:
             try:
-                if conn.execute(_HOLDS, [_CLASSID, _OBJID]).fetchone()[0]:
+                if conn.execute(_HOLDS, [LOCK_KEY, self._key & 0xFFFFFFFF]).fetchone()[0]:
                     return
                 # The session is alive but does not hold the lock (nothing here unlocks it):
                 # take it again on this session, like after a reconnect.
                 if self._try_lock(conn):
-                    logger.warning("the one-proxy-per-database lock was not held by its own "
+                    logger.warning("the one-proxy-per-node lock was not held by its own "
                                    "session; took it again")
                     return
                 raise LockLost(self._lost_message(self._describe_holder(conn)[1]))
@@ -241,11 +262,11 @@ class InstanceLock:
         self._backend_pid = conn.info.backend_pid
         lost_for = time.monotonic() - self._lost_at if self._lost_at is not None else 0.0
         self._lost_at = None
-        logger.warning("re-took the one-proxy-per-database lock on %s after %.1f s without it",
+        logger.warning("re-took the one-proxy-per-node lock on %s after %.1f s without it",
                        self._where(), lost_for)
 
     def _lost_message(self, holder: str) -> str:
-        return (f"another process took the one-proxy-per-database lock on {self._where()} "
+        return (f"another process took the lock of the node {self.node!r} on {self._where()} "
                 f"while this gpuproxy serve (pid {self.pid}) had lost its connection: the "
                 f"lock is held by {holder}. Two schedulers must not drive one GPU: this one "
                 "stops now. If the other is a gpuproxy serve, it carries on; otherwise stop "
@@ -290,32 +311,38 @@ class InstanceLock:
         assert self.database is not None
         params = {"connect_timeout": 5, **self.database, **_KEEPALIVE,
                   # who holds the lock, for the message another instance shows
-                  "application_name": f"gpuproxy serve pid {self.pid} on "
-                                      f"{socket.gethostname()}"}
+                  "application_name": f"gpuproxy serve pid {self.pid} node {self.node} "
+                                      f"on {socket.gethostname()}"}
         params["connect_timeout"] = min(int(params["connect_timeout"]), 5)
         return psycopg.connect(**params, autocommit=True)
 
-    @staticmethod
-    def _try_lock(conn: Any) -> bool:
-        return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY]).fetchone()[0])
+    def _try_lock(self, conn: Any) -> bool:
+        """The node's lock, and the old whole-database one shared (against older serves)."""
+        old, mine = conn.execute("SELECT pg_try_advisory_lock_shared(%s), "
+                                 "pg_try_advisory_lock(%s, %s)",
+                                 [LOCK_KEY, LOCK_KEY, self._key]).fetchone()
+        return bool(old and mine)
 
-    @staticmethod
-    def _describe_holder(conn: Any) -> tuple[int | None, str]:
+    def _describe_holder(self, conn: Any) -> tuple[int | None, str]:
         """Who holds the lock (its backend pid, and in words), as far as pg_stat_activity
         tells this role."""
         try:
-            row = conn.execute(_HOLDER, [_CLASSID, _OBJID]).fetchone()
+            row = conn.execute(_HOLDER, [LOCK_KEY, self._key & 0xFFFFFFFF, LOCK_KEY]
+                               ).fetchone()
         except Exception as exc:
             return None, f"another session (not readable: {_one_line(exc)})"
         if row is None:
             return None, "another session (it let go as this one looked)"
-        pid, app, addr, since = row
+        pid, app, addr, since, whole_database = row
         parts = [f"backend pid {pid}"]
         if app:
             parts.append(f"application_name {app!r}")
         parts.append(f"from {addr}" if addr else "over a local socket")
         if since is not None:
             parts.append(f"connected since {since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC")
+        if whole_database:
+            parts.append("a gpuproxy from before GPUPROXY_NODE, which locks the whole database: "
+                         "upgrade it")
         return pid, ", ".join(parts)
 
     def _where(self) -> str:

@@ -385,8 +385,8 @@ class Command(BaseCommand):
                     f"request process {os.getpid()} stopped")
 
     def lock_instance(self, pid: int | None = None) -> InstanceLock:
-        """One proxy per data dir and per database: refuse to start beside another. `pid`:
-        the process to name as its holder (the supervisor, for the scheduler process)."""
+        """One proxy per data dir and per node per database: refuse to start beside another.
+        `pid`: the process to name as its holder (the supervisor, for the scheduler process)."""
         from django.conf import settings
         from django.db import connections
 
@@ -395,7 +395,7 @@ class Command(BaseCommand):
         params = (own_connection_params() if connections["default"].vendor == "postgresql"
                   else None)
         lock = InstanceLock(settings.DATA_DIR, params, check_every=settings.GPUPROXY_LOCK_CHECK,
-                            pid=pid)
+                            pid=pid, node=settings.GPUPROXY_NODE)
         try:
             lock.acquire()
         except AlreadyServing as exc:
