@@ -18,6 +18,8 @@
   index, so its distinct values would cost a table scan).
 - Model events (`ModelEvent`) get the same read-only list: filters by model (loose index scan)
   and kind, a date hierarchy, no exact count.
+- Both show and filter by `node` (GPUPROXY_NODE, issue 24): a loose index scan over the
+  (node, time) index; rows from before migration 0012 have '' and are not listed there.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ class ModelFilter(DistinctIndexedFilter):
     title = "model"
     parameter_name = "model"
     column = "model"
+
+
+class NodeFilter(DistinctIndexedFilter):
+    title = "node"
+    parameter_name = "node"
+    column = "node"
 
 
 class BandFilter(DistinctIndexedFilter):
@@ -214,11 +222,12 @@ class ReadOnlyLog(admin.ModelAdmin):
 class RequestLogAdmin(ReadOnlyLog):
     list_display = ("received", "model", "endpoint", "band", "priority_shown", "outcome",
                     "status_code", "queue_wait", "swap", "duration", "input_tokens",
-                    "output_tokens", "tps", "client")
-    list_filter = (ModelFilter, EndpointFilter, BandFilter, "outcome", StatusFilter, "stream")
+                    "output_tokens", "tps", "client", "node")
+    list_filter = (ModelFilter, EndpointFilter, BandFilter, "outcome", StatusFilter, "stream",
+                   NodeFilter)
     date_hierarchy = "received_at"
-    search_fields = ("request_id", "model", "client", "end_user", "client_ip")
-    search_help_text = ("a request id, or a model, client, end user or client address "
+    search_fields = ("request_id", "model", "client", "end_user", "client_ip", "node")
+    search_help_text = ("a request id, or a model, client, end user, client address or node "
                         "(all exact)")
     ordering = ("-received_at", "-id")
     sortable_by = ()
@@ -229,7 +238,7 @@ class RequestLogAdmin(ReadOnlyLog):
     readonly_fields = (*ALL_FIELDS, "score_breakdown",
                        *(f"{f}_shown" for f in (*TIMES, *DURATIONS)))
     fieldsets = (
-        (None, {"fields": ("request_id", "outcome", "status_code", "error", "client",
+        (None, {"fields": ("request_id", "node", "outcome", "status_code", "error", "client",
                            "client_ip", "end_user", "user_agent")}),
         ("Request", {"fields": ("method", "path", "endpoint", "model_requested", "model",
                                 "stream", "upstream_retries")}),
@@ -246,7 +255,7 @@ class RequestLogAdmin(ReadOnlyLog):
         ("Row", {"fields": ("id",)}),
     )
 
-    search_other = ("model", "client", "end_user")
+    search_other = ("model", "client", "end_user", "node")
     search_address = ("client_ip",)
 
     # the list: seconds and human durations; a row's page: milliseconds and exact values
@@ -322,21 +331,21 @@ class ModelEventAdmin(ReadOnlyLog):
     table (no exact count, no column sorting, the model filter by a loose index scan)."""
 
     list_display = ("when", "model", "kind", "reason", "pid", "duration", "detail",
-                    "request_id")
-    list_filter = (ModelFilter, "kind", "reason")
+                    "request_id", "node")
+    list_filter = (ModelFilter, "kind", "reason", NodeFilter)
     date_hierarchy = "at"
-    search_fields = ("request_id", "model")
-    search_help_text = "a request id (exact), or a model id (exact)"
+    search_fields = ("request_id", "model", "node")
+    search_help_text = "a request id, a model id or a node (all exact)"
     ordering = ("-at", "-id")  # the `at` btree (activity_me_time) reads it in order
     sortable_by = ()
     list_per_page = 100
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    fields = ("at_shown", "model", "kind", "reason", "pid", "duration_ms_shown", "detail",
-              "request_id", "id")
+    fields = ("at_shown", "node", "model", "kind", "reason", "pid", "duration_ms_shown",
+              "detail", "request_id", "id")
     readonly_fields = fields
 
-    search_other = ("model",)
+    search_other = ("model", "node")
 
     when = shown("at", "at", at_seconds)
     duration = shown("duration_ms", "duration", human_ms)

@@ -223,6 +223,10 @@ REQUEST_LOG = Table(
                'connection was closed or reset within 100 ms, before any answer (the server had '
                'closed it unread). 0 or 1; only inference paths',
                null='never (0)'),
+        Column('node',
+               'the node that served the request: its `GPUPROXY_NODE` (default the host name; '
+               'indexed with `received_at`)',
+               null="— (`''` on rows older than 0012, or written by another client)"),
     ),
 )
 
@@ -264,6 +268,9 @@ MODEL_EVENT = Table(
                '1`, `timeout`, `spawn`, `port_in_use`), the model a swap made room for (`for b`),'
                ' `restart`; never a command line or an environment, which can hold secrets',
                null='—'),
+        Column('node',
+               'the node whose process it was: its `GPUPROXY_NODE` (indexed with `at`)',
+               null="— (`''` on rows older than 0012, or written by another client)"),
     ),
 )
 

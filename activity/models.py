@@ -19,6 +19,7 @@ from activity import events, outcomes
 from activity.columns import CAPTURE, MODEL_EVENT, REQUEST_LOG, described
 
 END_USER_MAX = 255
+NODE_MAX = 63  # GPUPROXY_NODE's longest (gpuproxy/settings.py)
 
 
 @described(REQUEST_LOG)
@@ -75,6 +76,8 @@ class RequestLog(models.Model):
     # CHECK (>= 0): adding one would scan the whole table in the migration.
     upstream_retries = models.SmallIntegerField(
         default=0, db_default=0)
+    # The writer's GPUPROXY_NODE; '' from an older writer or another client (db_default).
+    node = models.CharField(max_length=NODE_MAX, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "activity_requestlog"
@@ -86,6 +89,7 @@ class RequestLog(models.Model):
             models.Index(fields=["model", "received_at"], name="activity_rl_model_time"),
             models.Index(fields=["band", "received_at"], name="activity_rl_band_time"),
             models.Index(fields=["outcome"], name="activity_rl_outcome"),
+            models.Index(fields=["node", "received_at"], name="activity_rl_node_time"),
         ]
 
     def __str__(self) -> str:
@@ -130,6 +134,7 @@ class ModelEvent(models.Model):
     # partitioned table), and an event may come before it.
     request_id = models.UUIDField(null=True, blank=True)
     detail = models.CharField(max_length=events.DETAIL_MAX, blank=True)
+    node = models.CharField(max_length=NODE_MAX, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "activity_modelevent"
@@ -139,6 +144,7 @@ class ModelEvent(models.Model):
             models.Index(fields=["model", "at"], name="activity_me_model_time"),
             models.Index(fields=["kind", "at"], name="activity_me_kind_time"),
             models.Index(fields=["at"], name="activity_me_time"),
+            models.Index(fields=["node", "at"], name="activity_me_node_time"),
         ]
 
     def __str__(self) -> str:

@@ -21,6 +21,7 @@ writes them in batches on its own thread, so the database is never on a request'
   events (`activity.models.ModelEvent`, rows from `activity/events.py`): the same buffering,
   batching and outage handling, each with its own buffer, so a flood of requests cannot push
   out a crash's row.
+- Every row gets this process's node (`GPUPROXY_NODE`, the `node` column) unless it names one.
 """
 
 from __future__ import annotations
@@ -75,12 +76,19 @@ def _configured_max_buffer() -> int:
     return int(settings.GPUPROXY_ACTIVITY_BUFFER)
 
 
+def _configured_node() -> str:
+    from django.conf import settings
+
+    return str(settings.GPUPROXY_NODE)
+
+
 class ActivityWriter:
     def __init__(self, *, max_buffer: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  interval: float = DEFAULT_INTERVAL, using: str = "default",
                  min_backoff: float = MIN_BACKOFF, max_backoff: float = MAX_BACKOFF,
-                 model: str = "RequestLog") -> None:
+                 model: str = "RequestLog", node: str | None = None) -> None:
         self.model_name = model  # a class of activity.models: the table this one fills
+        self.node = node if node is not None else _configured_node()
         self.max_buffer = max_buffer if max_buffer is not None else _configured_max_buffer()
         self.batch_size = max(batch_size, 1)
         self.interval = interval
@@ -343,7 +351,8 @@ class ActivityWriter:
         plain = self._plain_types(fields) if conn.vendor == "postgresql" else None
         values = []
         for i, (name, field) in enumerate(fields):
-            value = row[name] if name in row else field.get_default()
+            value: Any = (row[name] if name in row else self.node if name == "node"
+                          else field.get_default())
             limit = limits.get(name)
             if limit is not None and isinstance(value, str) and len(value) > limit:
                 value = value[:limit]

@@ -79,7 +79,7 @@ def test_a_second_proxy_on_the_same_database_refuses_to_start(serve, tmp_path: P
     first = serve(one_model(free_port()))
     result = _second_serve(tmp_path, tmp_path / "other-data")
     assert result.returncode != 0
-    assert "another gpuproxy serve is using the database" in result.stderr
+    assert "another gpuproxy serve for the node" in result.stderr  # both the host's name
     assert first.http.get("/health").status_code == 200
 
 

@@ -144,7 +144,7 @@ class InstanceLock:
             raise AlreadyServing(
                 f"another gpuproxy serve (pid {holder}) is running on the data dir "
                 f"{self.data_dir}: one scheduler per GPU box. Stop it first, or give this one "
-                "its own GPUPROXY_DATA_DIR and database if it really drives other GPUs."
+                "its own GPUPROXY_DATA_DIR and GPUPROXY_NODE if it really drives other GPUs."
             ) from None
         f.seek(0)
         f.truncate()
