@@ -102,7 +102,6 @@ def _holders(node: str) -> list[int]:
     return [pid for (pid,) in rows]
 
 
-
 @pytest.fixture
 def locks(tmp_path: Path):
     made: list[InstanceLock] = []
