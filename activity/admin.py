@@ -37,7 +37,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from activity import endpoints, partitions
+from activity import endpoints, fleet, partitions
 from activity.admin_time import (
     TimeBoundedPaginator,
     at_millis,
@@ -47,7 +47,7 @@ from activity.admin_time import (
     shown,
 )
 from activity.management.commands.activity_export import COLUMNS, iter_csv
-from activity.models import ModelEvent, RequestLog
+from activity.models import ModelEvent, Node, RequestLog
 
 #: the most rows a filtered changelist counts exactly; beyond it, "COUNT_CAP" is shown.
 COUNT_CAP = 10_000
@@ -351,3 +351,47 @@ class ModelEventAdmin(ReadOnlyLog):
     duration = shown("duration_ms", "duration", human_ms)
     at_shown = shown("at", "at", at_millis)
     duration_ms_shown = shown("duration_ms", "duration", exact_ms)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    """The fleet: every node that writes to this database, with its status computed at the
+    page's time (up while its heartbeat is at most GPUPROXY_FLEET_DOWN_SECONDS old). Read-only:
+    each row is its node's own, rewritten every second."""
+
+    list_display = ("node", "status", "heartbeat_age", "loaded_models", "queue_depth",
+                    "in_flight_total", "version", "listen")
+    fields = ("node", "status", "heartbeat_at", "started_at", "pid", "version", "listen",
+              "loaded", "queue", "in_flight")
+    readonly_fields = fields
+    list_display_links = None
+    sortable_by = ()
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="status")
+    def status(self, obj: Node) -> str:
+        return fleet.status(obj, timezone.now())
+
+    @admin.display(description="heartbeat")
+    def heartbeat_age(self, obj: Node) -> str:
+        return f"{max(0.0, (timezone.now() - obj.heartbeat_at).total_seconds()):.1f} s ago"
+
+    @admin.display(description="loaded")
+    def loaded_models(self, obj: Node) -> str:
+        return ", ".join(obj.loaded or []) or "-"
+
+    @admin.display(description="queued")
+    def queue_depth(self, obj: Node) -> int:
+        return fleet.queue_depth(obj.queue)
+
+    @admin.display(description="in flight")
+    def in_flight_total(self, obj: Node) -> int:
+        return sum(int(n) for n in (obj.in_flight or {}).values())

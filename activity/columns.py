@@ -288,7 +288,32 @@ CAPTURE = Table(
     ),
 )
 
-TABLES = (REQUEST_LOG, MODEL_EVENT, CAPTURE)
+NODE = Table(
+    "activity_node",
+    "One row per gpuproxy node (GPUPROXY_NODE) on this database: its heartbeat and what it "
+    "serves, rewritten about once a second by the node's serve. See docs/fleet.md.",
+    (
+        Column("node", "the node's `GPUPROXY_NODE` (the key)", null="—"),
+        Column("state", "what the node last said of itself: `running`, or `stopped` once it "
+               "stopped cleanly; a running node whose `heartbeat_at` is older than "
+               "`GPUPROXY_FLEET_DOWN_SECONDS` is down", null="—"),
+        Column("heartbeat_at", "the node's last write, by its own clock", null="never"),
+        Column("started_at", "when this serve started", null="never"),
+        Column("pid", "the pid of the node's scheduler process", null="never"),
+        Column("version", "the gpuproxy version the node runs (`/api/version`'s)", null="—"),
+        Column("listen", "the address the node serves on, `host:port` as given to `--listen`",
+               null="—"),
+        Column("loaded", "the models whose processes are ready, as a JSON list of ids",
+               null="never"),
+        Column("queue", "the requests waiting per model and band: `{model: {band: {\"depth\": "
+               "n, \"oldest_wait_s\": s}}}`, only bands with a request waiting",
+               null="never"),
+        Column("in_flight", "the requests being served per model: `{model: n}`, only models "
+               "with one", null="never"),
+    ),
+)
+
+TABLES = (REQUEST_LOG, MODEL_EVENT, CAPTURE, NODE)
 
 
 def plain(markdown: str) -> str:

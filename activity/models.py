@@ -16,7 +16,7 @@ from __future__ import annotations
 from django.db import models
 
 from activity import events, outcomes
-from activity.columns import CAPTURE, MODEL_EVENT, REQUEST_LOG, described
+from activity.columns import CAPTURE, MODEL_EVENT, NODE, REQUEST_LOG, described
 
 END_USER_MAX = 255
 NODE_MAX = 63  # GPUPROXY_NODE's longest (gpuproxy/settings.py)
@@ -149,3 +149,30 @@ class ModelEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.model} {self.kind}"
+
+
+@described(NODE)
+class Node(models.Model):
+    """One row per node of a fleet sharing this database, rewritten (an UPSERT) about once a
+    second by that node's serve (gpuproxy/shell/fleet.py): the fleet view reads who is up,
+    what each has loaded and how long its queues are without asking the nodes themselves.
+    Not partitioned: it holds as many rows as there are nodes."""
+
+    node = models.CharField(max_length=NODE_MAX, primary_key=True)
+    state = models.CharField(max_length=16, default="running")
+    heartbeat_at = models.DateTimeField()
+    started_at = models.DateTimeField()
+    pid = models.IntegerField()
+    version = models.CharField(max_length=64, blank=True)
+    listen = models.CharField(max_length=255, blank=True)
+    loaded = models.JSONField(default=list)
+    queue = models.JSONField(default=dict)
+    in_flight = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "activity_node"
+        db_table_comment = NODE.comment
+        ordering = ["node"]
+
+    def __str__(self) -> str:
+        return self.node

@@ -121,7 +121,8 @@ class Supervisor:
         self.grace = grace
         self.scheme = "https" if tls else "http"
         family = "INET6" if sock.family == socket.AF_INET6 else "INET"
-        scheduler_args = ["--role", "scheduler", "--hub", str(hub)]
+        # --listen only names the node's address in the fleet view (gpuproxy/shell/fleet.py).
+        scheduler_args = ["--role", "scheduler", "--hub", str(hub), "--listen", f"{host}:{port}"]
         if config is not None:
             # What SIGHUP and -watch-config re-import; the start's import is done already.
             scheduler_args += ["--config-dir" if config.is_dir() else "--config", str(config)]

@@ -31,7 +31,7 @@ from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, published
 from gpuproxy.observe.history import HISTORY
 from gpuproxy.observe.perf import PerfMonitor
-from gpuproxy.shell import instance
+from gpuproxy.shell import fleet, instance
 from gpuproxy.shell.control import Control
 from gpuproxy.shell.local import (
     describe_database,
@@ -128,6 +128,7 @@ class Runtime:
         self._listener: asyncio.Task | None = None
         self._reload_wanted = asyncio.Event()
         self.control: Control | None = None  # attached to scheduling.live while running
+        self.fleet: fleet.FleetPublisher | None = None  # this node's heartbeat, in a serve
         # Called after every reload with the new catalog (the scheduler process's hub sends
         # it to the request processes).
         self.on_catalog: list[Callable[[Catalog], None]] = []
@@ -317,6 +318,8 @@ class Runtime:
             if not await w.close(timeout=10.0):
                 logger.error("%s writer: %d rows could not be written before exit", rows,
                              w.buffered)
+        if self.fleet is not None:
+            await self.fleet.stop()  # last: the node shows up until it has stopped
 
 
 _runtime: Runtime | None = None
@@ -354,10 +357,12 @@ async def get() -> Runtime:
         run_loop = RunLoop(upstreams, catalog.scheduler_config(), make_scheduler)
         run_loop.start()
         activity_writer().start()
+        fleet_publisher = fleet.start(run_loop, run_db)
         perf = PerfMonitor(catalog.performance_interval, catalog.performance_monitoring)
         perf.start()
         published.publish_perf_monitor(perf)
         _runtime = Runtime(upstreams, run_loop, perf)
+        _runtime.fleet = fleet_publisher
         _runtime.control = Control(_runtime, _runtime.request_reload, loop)
         live.attach(_runtime.control)
     except BaseException as exc:

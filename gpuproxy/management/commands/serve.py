@@ -175,6 +175,10 @@ class Command(BaseCommand):
         tls = self.tls_files(options)
         listen = options["listen"] or (DEFAULT_LISTEN_TLS if tls else DEFAULT_LISTEN)
         host, port = parse_listen(listen)
+        if options["role"] != "worker":  # the process with the run loop publishes the node
+            from gpuproxy.shell import fleet
+
+            fleet.serving_at(host, port)
         if options["watch_config"] and source is None:
             raise CommandError("-watch-config watches the file of -config (or -config-dir): "
                                "give one of them too")
