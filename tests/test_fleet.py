@@ -8,13 +8,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import OperationalError, connection
 from django.urls import reverse
@@ -223,3 +227,23 @@ def test_two_serves_heartbeat_and_a_killed_one_is_shown_down(serve, tmp_path: Pa
     after = _fleet()
     assert after["fleet-2"].status == "stopped" and after["fleet-2"].row.pid == pids["fleet-2"]
     assert after["fleet-1"].status == "down"
+
+
+# ---- the bench ---------------------------------------------------------------------------------
+
+@pytest.mark.postgres
+def test_the_write_bench_runs_and_drops_its_database():
+    url = os.environ["DATABASE_URL"]  # the server's; the bench makes its own database there
+    name = f"gpuproxy_bench_fleet_{os.getpid()}"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / "fleet_write.py"), "--writes", "40",
+         "--nodes", "4", "--batches", "2", "--fleet", "50", "--database", name],
+        capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "40 UPSERTs over 4 node rows" in out and "50 nodes at 1/s: 50 writes/s" in out
+    assert re.search(r"WAL per write: [1-9]\d* bytes", out), out  # a logged table makes WAL
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s",
+                            [name]).fetchone() == (0,)
