@@ -28,7 +28,9 @@ GPUPROXY_NODE       this box's name in a fleet (default: the host name, or its f
                     characters; one `serve` per node per database, and every activity row and
                     model event carries it (`node`); a bad value stops the start
 GPUPROXY_FLEET_SECONDS how often this node's serve rewrites its row of the fleet view
-                    (`activity_node`: heartbeat, loaded models, queues, in flight; default 1)
+                    (`activity_node`: heartbeat, loaded models, queues, in flight; default 1,
+                    at least 0.05); 0 turns the publisher off. On SQLite it never runs: a
+                    fleet shares one PostgreSQL database
 GPUPROXY_FLEET_DOWN_SECONDS a node whose heartbeat is older than this is shown down in the
                     fleet view (default 3; docs/fleet.md)
 GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-node lock's own connection is
@@ -288,7 +290,10 @@ GPUPROXY_HEADER_TIMEOUT = env_float("GPUPROXY_HEADER_TIMEOUT_SECONDS", "30", min
 GPUPROXY_SHUTDOWN_GRACE = env_float("GPUPROXY_SHUTDOWN_GRACE_SECONDS", "30")
 GPUPROXY_NODE = env_node()
 GPUPROXY_LOCK_CHECK = env_float("GPUPROXY_LOCK_CHECK_SECONDS", "1", minimum=0.05)
-GPUPROXY_FLEET_SECONDS = env_float("GPUPROXY_FLEET_SECONDS", "1", minimum=0.05)
+GPUPROXY_FLEET_SECONDS = env_float("GPUPROXY_FLEET_SECONDS", "1")
+if 0 < GPUPROXY_FLEET_SECONDS < 0.05:  # 0 is off; a tighter loop would only load the database
+    raise ImproperlyConfigured(f"GPUPROXY_FLEET_SECONDS={GPUPROXY_FLEET_SECONDS:g}: give 0 (off) "
+                               "or at least 0.05 seconds")
 GPUPROXY_FLEET_DOWN_SECONDS = env_float("GPUPROXY_FLEET_DOWN_SECONDS", "3", minimum=0.1)
 # How often the running proxy checks the definitions' fingerprint (saves it was not told of).
 GPUPROXY_RELOAD_SECONDS = env_float("GPUPROXY_RELOAD_SECONDS", "2", minimum=0.01)

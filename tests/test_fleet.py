@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 from django.urls import reverse
 
 from activity import fleet
@@ -132,6 +132,57 @@ async def test_a_database_error_is_logged_once_and_retried_not_raised(caplog, db
     assert any("written again" in r.getMessage() for r in caplog.records)
     assert calls[:5] == ["running"] * 5 and calls[-1] == "stopped"
     assert (await _row("box-7")).state == "stopped"
+
+
+# ---- when the publisher runs ---------------------------------------------------------------
+
+def _started(monkeypatch) -> FleetPublisher | None:
+    """shell.fleet.start as a serve calls it, with a run loop and database thread that do
+    nothing (the publisher's first write is not what these tests look at)."""
+    from gpuproxy.shell import fleet as shell_fleet
+
+    async def run_db(fn):
+        return None
+
+    monkeypatch.setattr(shell_fleet, "_listen", "127.0.0.1:8080")
+    publisher = shell_fleet.start(SimpleNamespace(inspect=lambda read: None), run_db)
+    if publisher is not None:
+        publisher._task.cancel()
+    return publisher
+
+
+async def test_the_publisher_starts_in_a_serve_on_postgresql(monkeypatch, settings):
+    settings.GPUPROXY_FLEET_SECONDS = 1
+    monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    assert isinstance(_started(monkeypatch), FleetPublisher)
+
+
+async def test_fleet_seconds_0_turns_the_publisher_off(monkeypatch, settings):
+    settings.GPUPROXY_FLEET_SECONDS = 0
+    monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    assert _started(monkeypatch) is None
+
+
+async def test_the_publisher_does_not_start_on_sqlite(monkeypatch, settings):
+    settings.GPUPROXY_FLEET_SECONDS = 1
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+    assert _started(monkeypatch) is None
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0", True), ("0.05", True), ("0.01", False)])
+def test_fleet_seconds_takes_0_for_off_and_refuses_a_busy_loop(tmp_path: Path, value, ok):
+    env = {**os.environ, "GPUPROXY_DATA_DIR": str(tmp_path), "GPUPROXY_FLEET_SECONDS": value}
+    env.pop("DATABASE_URL", None)
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("gpuproxy")), "shell", "--no-imports", "-c",
+         "from django.conf import settings; print(settings.GPUPROXY_FLEET_SECONDS)"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    if ok:
+        assert out.returncode == 0, out.stderr
+        assert float(out.stdout) == float(value)
+    else:
+        assert out.returncode != 0
+        assert "GPUPROXY_FLEET_SECONDS=0.01: give 0 (off) or at least 0.05 seconds" in out.stderr
 
 
 # ---- the reader ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
 from activity import fleet
@@ -133,8 +134,13 @@ class FleetPublisher:
 
 
 def start(run_loop: Any, run_db: RunDb[Any]) -> FleetPublisher | None:
-    """The publisher for this serve's run loop, started; None outside a serve."""
-    if _listen is None:
+    """The publisher for this serve's run loop, started; None outside a serve, when
+    GPUPROXY_FLEET_SECONDS is 0 (off), and on SQLite: a fleet shares one PostgreSQL database,
+    and on SQLite each UPSERT would queue the runtime's one database thread behind the file's
+    write lock, ahead of the activity rows, for a view that has nothing to compare."""
+    if _listen is None or settings.GPUPROXY_FLEET_SECONDS == 0:
+        return None
+    if connections["default"].vendor == "sqlite":
         return None
     publisher = FleetPublisher(settings.GPUPROXY_NODE, _listen,
                                partial(run_loop.inspect, books), run_db)
