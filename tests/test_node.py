@@ -27,9 +27,9 @@ from activity import outcomes
 from activity.models import ModelEvent, RequestLog
 from activity.writer import ActivityWriter
 from gpuproxy.settings import env_node
-from gpuproxy.shell.instance import AlreadyServing, InstanceLock
+from gpuproxy.shell.instance import AlreadyServing, InstanceLock, SetupTimeout
 from gpuproxy.shell.runtime import own_connection_params
-from tests.conftest import free_port
+from tests.conftest import database_url, free_port
 from tests.helpers import one_model, until
 
 GPRX = 0x67707278
@@ -179,6 +179,60 @@ def test_two_serves_with_different_nodes_on_one_database_both_answer(serve, tmp_
         return found if len(found) == 2 else []
 
     assert until("both rows are written", nodes) == ["box-1", "box-2"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_serve_migrates_only_while_it_holds_the_database_wide_setup_lock(tmp_path: Path):
+    """Nodes started together would race the same migration: serve waits for
+    pg_advisory_lock(GPRX, 0) (held here as another node would), goes on when it is let go,
+    and does not keep it."""
+    env = {**os.environ, "DATABASE_URL": database_url(), "GPUPROXY_NODE": "box-late",
+           "GPUPROXY_DATA_DIR": str(tmp_path / "data")}
+    port = free_port()
+    log = tmp_path / "serve.log"
+    holder = psycopg.connect(**own_connection_params(), autocommit=True)
+    proc = None
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s, 0)", [GPRX])
+        proc = subprocess.Popen([GPUPROXY, "serve", "--listen", f"127.0.0.1:{port}",
+                                 "--workers", "1"], stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        until("serve says what it waits for", lambda: "setup lock" in log.read_text(), 60)
+        text = log.read_text()
+        assert f"pg_advisory_lock({GPRX}, 0)" in text and "another node's serve" in text
+        assert "listening on" not in text and proc.poll() is None
+        holder.execute("SELECT pg_advisory_unlock(%s, 0)", [GPRX])
+        until("serve listens once the lock is let go",
+              lambda: "listening on" in log.read_text() or proc.poll() is not None, 60)
+        assert proc.poll() is None, log.read_text()
+        assert "got the setup lock after" in log.read_text()
+        # and it let go of it: another node can migrate now
+        assert holder.execute("SELECT pg_try_advisory_lock(%s, 0)", [GPRX]).fetchone()[0]
+    finally:
+        holder.close()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_setup_lock_held_too_long_stops_the_wait_with_the_holder_named(locks):
+    holder = psycopg.connect(**own_connection_params(), autocommit=True,
+                             application_name="node-a migrating")
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s, 0)", [GPRX])
+        said: list[str] = []
+        with pytest.raises(SetupTimeout) as refused, locks("node-b").setup(wait=0.2,
+                                                                           say=said.append):
+            pytest.fail("setup went on while another node held the lock")
+        assert said and "waiting up to 0.2 s" in said[0] and "'node-a migrating'" in said[0]
+        text = str(refused.value)
+        assert "gave up after 0.2 s" in text and "'node-a migrating'" in text
+        assert "pg_terminate_backend" in text
+    finally:
+        holder.close()
 
 
 # ---- the rows ---------------------------------------------------------------------------------

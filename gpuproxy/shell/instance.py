@@ -12,6 +12,11 @@ serve holds the single-key lock of the releases before node names (`LOCK_KEY` as
 shared, so an older serve, which takes that one exclusively, and a newer one refuse each
 other on one database rather than both driving it.
 
+Migrating and importing the config at start are not per node: nodes started together would
+race the same migration (Django's `migrate` takes no lock of its own; one dies with "column
+already exists"). `setup()` holds the database-wide `pg_advisory_lock(LOCK_KEY, 0)` around
+them, on a connection of its own, waiting at most SETUP_WAIT seconds, and lets go at once.
+
 The advisory lock lives exactly as long as the database session that took it, and a session
 ends with any blip of the network or the database (the field report: a 1 s outage, and a
 second `serve` started beside the first). So the lock is watched: a thread checks it on its
@@ -45,6 +50,8 @@ from typing import Any
 logger = logging.getLogger("gpuproxy.shell.instance")
 
 LOCK_KEY = 0x67707278  # "gprx": the advisory lock class of "a gpuproxy serves this database"
+SETUP_KEY = 0  # pg_advisory_lock(LOCK_KEY, SETUP_KEY): one node at a time migrates and imports
+SETUP_WAIT = 120.0  # seconds: a migration of the partitioned tables takes a few at most
 
 # pg_locks shows pg_try_advisory_lock(int4, int4) as classid = key1, objid = key2 (unsigned),
 # objsubid = 2; the old pg_try_advisory_lock(bigint) as classid = high 32 bits, objid = low
@@ -70,6 +77,10 @@ def node_key(node: str) -> int:
     """The node's half of its lock key: CRC-32 of its UTF-8 name, as a signed int4."""
     crc = zlib.crc32(node.encode())
     return crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+class SetupTimeout(RuntimeError):
+    """Another node held the database's setup lock for longer than this one would wait."""
 
 
 class AlreadyServing(RuntimeError):
@@ -302,6 +313,54 @@ class InstanceLock:
                         time.time() - self._down_since)
             self._down_since = None
             self._down_detail = ""
+
+    @contextlib.contextmanager
+    def setup(self, wait: float = SETUP_WAIT,
+              say: Callable[[str], Any] = logger.warning) -> Any:
+        """Held around `migrate` and the config import at start: one node of the database at
+        a time. Nothing to share on SQLite (one serve per file, by the data dir's lock)."""
+        if self.database is None:
+            yield
+            return
+        conn = self._connect()
+        try:
+            if not conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                [LOCK_KEY, SETUP_KEY]).fetchone()[0]:
+                holder = self._setup_holder(conn)
+                say(f"waiting up to {wait:g} s for the database {self._where()}'s setup lock "
+                    f"(pg_advisory_lock({LOCK_KEY}, {SETUP_KEY})): another node's serve "
+                    f"holds it to apply migrations and import its config ({holder})")
+                started = time.monotonic()
+                self._wait_for_setup(conn, wait, holder)
+                say(f"got the setup lock after {time.monotonic() - started:.1f} s; "
+                    "migrating and importing")
+            yield
+        finally:
+            conn.close()  # the session's advisory lock goes with it
+
+    def _wait_for_setup(self, conn: Any, wait: float, holder: str) -> None:
+        from psycopg import errors
+
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(wait * 1000)}ms"])
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_KEY, SETUP_KEY])
+        except errors.LockNotAvailable:
+            raise SetupTimeout(
+                f"gave up after {wait:g} s waiting for the database {self._where()}'s setup "
+                f"lock (pg_advisory_lock({LOCK_KEY}, {SETUP_KEY})), held by {holder}. If that "
+                "serve is stuck, stop it (or end that backend with pg_terminate_backend) and "
+                "start this one again") from None
+
+    def _setup_holder(self, conn: Any) -> str:
+        row = conn.execute(
+            "SELECT l.pid, a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a "
+            "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = "
+            "%s AND l.objsubid = 2 AND l.granted AND l.database = (SELECT oid FROM "
+            "pg_database WHERE datname = current_database()) LIMIT 1",
+            [LOCK_KEY, SETUP_KEY]).fetchone()
+        if row is None:
+            return "a session that let go as this one looked"
+        return f"backend pid {row[0]}" + (f", application_name {row[1]!r}" if row[1] else "")
 
     # ---- PostgreSQL ----------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from gpuproxy.management.listening import (
 )
 from gpuproxy.management.stopping import Stopping
 from gpuproxy.proxy import edge
-from gpuproxy.shell.instance import AlreadyServing, InstanceLock
+from gpuproxy.shell.instance import AlreadyServing, InstanceLock, SetupTimeout
 
 logger = logging.getLogger("gpuproxy.serve")
 
@@ -203,10 +203,14 @@ class Command(BaseCommand):
             tls_context(*tls)  # a bad file stops here, before anything starts
         lock = self.lock_instance()
         try:
-            if not options["no_migrate"]:
-                call_command("migrate", interactive=False, verbosity=0)
-            if source is not None:
-                self.import_config(source, force=options["force_import"])
+            with lock.setup(say=self.stderr.write):  # one node of the database at a time
+                if not options["no_migrate"]:
+                    call_command("migrate", interactive=False, verbosity=0)
+                if source is not None:
+                    self.import_config(source, force=options["force_import"])
+        except SetupTimeout as exc:
+            lock.release()
+            raise CommandError(str(exc)) from None
         except BaseException:
             lock.release()
             raise
