@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import uuid
 from functools import cached_property
@@ -33,6 +34,7 @@ from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -356,8 +358,10 @@ class ModelEventAdmin(ReadOnlyLog):
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     """The fleet: every node that writes to this database, with its status computed at the
-    page's time (up while its heartbeat is at most GPUPROXY_FLEET_DOWN_SECONDS old). Read-only:
-    each row is its node's own, rewritten every second."""
+    database's clock, the one the heartbeats are written by (up while its heartbeat is at most
+    GPUPROXY_FLEET_DOWN_SECONDS old). Read-only: each row is its node's own, rewritten every
+    second. A row that is down or stopped may be deleted (a node retired or renamed); an up one
+    may not, since its node would only write it again within a second."""
 
     list_display = ("node", "status", "heartbeat_age", "loaded_models", "queue_depth",
                     "in_flight_total", "version", "listen")
@@ -374,15 +378,24 @@ class NodeAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None):
-        return False
+        if not super().has_delete_permission(request, obj):
+            return False
+        return obj is None or self.status(obj) != fleet.UP
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(db_now=Now())  # one clock for the page
+
+    @staticmethod
+    def _now(obj: Node) -> dt.datetime:
+        return getattr(obj, "db_now", None) or fleet.database_now()
 
     @admin.display(description="status")
     def status(self, obj: Node) -> str:
-        return fleet.status(obj, timezone.now())
+        return fleet.status(obj, self._now(obj))
 
     @admin.display(description="heartbeat")
     def heartbeat_age(self, obj: Node) -> str:
-        return f"{max(0.0, (timezone.now() - obj.heartbeat_at).total_seconds()):.1f} s ago"
+        return f"{max(0.0, (self._now(obj) - obj.heartbeat_at).total_seconds()):.1f} s ago"
 
     @admin.display(description="loaded")
     def loaded_models(self, obj: Node) -> str:

@@ -2,11 +2,13 @@
 serve and read by whoever wants to see the whole fleet.
 
 A node writes its row with one UPSERT (INSERT ... ON CONFLICT (node) DO UPDATE) about once a
-second (gpuproxy/shell/fleet.py); the row's `heartbeat_at` is that write's time by the node's
-clock. Nothing ever tells the table that a node died: a reader calls a node down when its
-heartbeat is older than GPUPROXY_FLEET_DOWN_SECONDS, so the boxes' clocks must agree to well
-within that (NTP does). One row per node, rewritten in place: the table stays as small as the
-fleet, and the writes cost what bench/fleet_write.py measures (docs/fleet.md).
+second (gpuproxy/shell/fleet.py); the row's `heartbeat_at` is that write's time by the
+database's clock (`now()` in the statement). Nothing ever tells the table that a node died: a
+reader calls a node down when its heartbeat is older than GPUPROXY_FLEET_DOWN_SECONDS by the
+database's clock too, so neither the nodes' clocks nor the reader's need agree with anyone's: a
+node whose clock runs ahead cannot look up for as long as it runs ahead. One row per node,
+rewritten in place: the table stays as small as the fleet, and the writes cost what
+bench/fleet_write.py measures (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from activity.models import Node
 
@@ -43,11 +48,13 @@ class NodeReport:
     in_flight: dict[str, int] = field(default_factory=dict)
 
 
-def write(report: NodeReport, at: dt.datetime, state: str = RUNNING) -> None:
+def write(report: NodeReport, at: dt.datetime | None = None, state: str = RUNNING) -> None:
     """UPSERT the node's row: one statement, whether the row exists or not (a first start, a
-    restart, a node that came back after someone deleted its row)."""
+    restart, a node that came back after someone deleted its row). `at` None (a serve's
+    heartbeat): the database's `now()`, the clock every reader judges by."""
+    beat: Any = Now() if at is None else at
     Node.objects.bulk_create(
-        [Node(node=report.node, state=state, heartbeat_at=at, started_at=report.started_at,
+        [Node(node=report.node, state=state, heartbeat_at=beat, started_at=report.started_at,
               pid=report.pid, version=report.version, listen=report.listen,
               loaded=report.loaded, queue=report.queue, in_flight=report.in_flight)],
         update_conflicts=True, unique_fields=["node"], update_fields=_UPDATED)
@@ -80,10 +87,21 @@ def status(row: Node, now: dt.datetime, down_after: float | None = None) -> str:
     return UP if (now - row.heartbeat_at).total_seconds() <= limit else DOWN
 
 
-def fleet(now: dt.datetime, down_after: float | None = None) -> list[FleetNode]:
-    """Every node that ever wrote a row, by name, with its status at `now`."""
-    return [FleetNode(row, status(row, now, down_after),
-                      (now - row.heartbeat_at).total_seconds())
+def database_now() -> dt.datetime:
+    """The clock the heartbeats are written by: the database's. SQLite has no fleet (one box,
+    one clock), so there it is this process's."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def fleet(now: dt.datetime | None = None, down_after: float | None = None) -> list[FleetNode]:
+    """Every node that ever wrote a row, by name, with its status at `now` (default: the
+    database's clock, read once per listing; never the reader's own, which may be skewed)."""
+    at = database_now() if now is None else now
+    return [FleetNode(row, status(row, at, down_after), (at - row.heartbeat_at).total_seconds())
             for row in Node.objects.order_by("node")]
 
 

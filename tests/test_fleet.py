@@ -111,7 +111,7 @@ async def test_the_publisher_writes_and_then_rewrites_its_one_row(loaded_m1, db_
 async def test_a_database_error_is_logged_once_and_retried_not_raised(caplog, db_thread):
     calls: list[str] = []
 
-    def write(report: fleet.NodeReport, at: dt.datetime, state: str) -> None:
+    def write(report: fleet.NodeReport, at: dt.datetime | None, state: str) -> None:
         calls.append(state)
         if len(calls) <= 5:
             raise OperationalError("connection refused")
@@ -228,15 +228,66 @@ def test_the_admin_lists_the_fleet_read_only(admin_client):
     assert rows["gpu-a"]["listen"] == "10.0.0.1:8080" and rows["gpu-a"]["version"] == "9.9"
     assert rows["gpu-b"]["heartbeat_age"].startswith("60.")
     assert admin_client.get(reverse("admin:activity_node_add")).status_code == 403
-    deleted = admin_client.post(reverse("admin:activity_node_delete", args=["gpu-b"]),
-                                {"post": "yes"})
-    assert deleted.status_code == 403 and Node.objects.filter(node="gpu-b").exists()
+
+
+@pytest.mark.django_db
+def test_the_admin_deletes_a_down_or_stopped_node_but_not_an_up_one(admin_client):
+    now = dt.datetime.now(dt.UTC)
+    _node("up-1", now)
+    _node("down-1", now - dt.timedelta(seconds=60))
+    _node("stopped-1", now, state="stopped")
+
+    def delete(node: str) -> int:
+        return admin_client.post(reverse("admin:activity_node_delete", args=[node]),
+                                 {"post": "yes"}).status_code
+
+    assert delete("up-1") == 403
+    assert delete("down-1") == 302 and delete("stopped-1") == 302
+    assert list(Node.objects.values_list("node", flat=True)) == ["up-1"]
+
+
+# ---- one clock: the database's ----------------------------------------------------------------
+
+def _database_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+async def test_a_node_whose_clock_runs_ahead_writes_the_databases_time(monkeypatch, db_thread):
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    monkeypatch.setattr("gpuproxy.shell.fleet.timezone", SimpleNamespace(now=lambda: ahead))
+    assert await _publisher({}, {}).publish()
+    row = await _row("box-7")
+    db_now = await runtime.run_db(_database_now)
+    assert abs((db_now - row.heartbeat_at).total_seconds()) < 5  # not an hour ahead
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_heartbeat_in_the_readers_future_is_judged_by_the_database_clock(
+        admin_client, monkeypatch, settings):
+    """The reader's clock runs an hour behind: a heartbeat 60 s old by the database is in its
+    future, and by its own clock would read up for the next hour."""
+    settings.GPUPROXY_FLEET_DOWN_SECONDS = 3
+    _node("stale", _database_now() - dt.timedelta(seconds=60))
+    behind = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    monkeypatch.setattr("activity.admin.timezone", SimpleNamespace(now=lambda: behind))
+    monkeypatch.setattr("activity.fleet.timezone", SimpleNamespace(now=lambda: behind),
+                        raising=False)
+    text = admin_client.get(reverse("admin:activity_node_changelist")).content.decode()
+    assert re.search(r'class="field-status">down<', text), text
+    assert re.search(r'class="field-heartbeat_age">(59|6\d)\.\d s ago<', text), text
+    [seen] = fleet.fleet()
+    assert seen.status == "down" and 59 < seen.age < 70
 
 
 # ---- two real serves on one database ---------------------------------------------------------
 
 def _fleet() -> dict[str, fleet.FleetNode]:
-    found = {n.row.node: n for n in fleet.fleet(dt.datetime.now(dt.UTC))}
+    found = {n.row.node: n for n in fleet.fleet()}
     connection.close()
     return found
 

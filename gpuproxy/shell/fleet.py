@@ -100,7 +100,7 @@ class FleetPublisher:
         """One heartbeat; False (logged the first time in a row) if it could not be written."""
         try:
             report = await self.report()
-            await self._run_db(lambda: self._write(report, timezone.now(), state))
+            await self._run_db(lambda: self._write(report, None, state))  # the db's clock
         except Exception as exc:  # an outage must not end the heartbeat
             if not self.failing:
                 logger.warning("fleet view: node %s's heartbeat could not be written (%s); the "
