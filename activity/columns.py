@@ -297,7 +297,8 @@ NODE = Table(
         Column("state", "what the node last said of itself: `running`, or `stopped` once it "
                "stopped cleanly; a running node whose `heartbeat_at` is older than "
                "`GPUPROXY_FLEET_DOWN_SECONDS` is down", null="—"),
-        Column("heartbeat_at", "the node's last write, by its own clock", null="never"),
+        Column("heartbeat_at", "the node's last write, by the database's clock (now() at the "
+               "write)", null="never"),
         Column("started_at", "when this serve started", null="never"),
         Column("pid", "the pid of the node's scheduler process", null="never"),
         Column("version", "the gpuproxy version the node runs (`/api/version`'s)", null="—"),
