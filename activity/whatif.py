@@ -49,7 +49,6 @@ PEER = "served by a peer (not this box's GPU)"
 UNDEFINED = "for a model no longer defined"
 UNFINISHED = "still running"
 TRIMMED = "older than the newest {n:,} (the most one replay takes)"
-_STOPPED = (events.UNLOAD, events.IDLE_UNLOAD, events.CRASH, events.START_FAILED)
 
 
 def report(start: dt.datetime, end: dt.datetime, **asked: Any) -> Report:

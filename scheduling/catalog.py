@@ -242,6 +242,7 @@ class Catalog:
             return Budget()
 
     def scheduler_config(self) -> SchedulerConfig:
+        budget = self.budget()
         return SchedulerConfig(
             models={m.model_id: ModelConfig(m.concurrency_limit, m.parallel, m.fifo_priority,
                                             revision=m.spec.revision())
@@ -250,8 +251,8 @@ class Catalog:
             scheduler=self.scheduler,
             aging_divisor=self.aging_divisor,
             swap_affinity_bonus=self.swap_affinity_bonus,
-            affinity_budget=self.budget().seconds,
-            affinity_budget_swaps=self.budget().swaps,
+            affinity_budget=budget.seconds,
+            affinity_budget_swaps=budget.swaps,
             max_waiting=self.max_waiting,
             max_waiting_per_band=dict(self.max_waiting_per_band),
             selectors={sid: SelectorConfig(sel.strategy, self._targets(sel), sel.spillover)

@@ -203,14 +203,14 @@ def replay_config(config: SchedulerConfig, settings: Settings) -> SchedulerConfi
     """Today's models, slots and swap rules under `settings`, admitting everything: the
     window holds only requests that ran, so a limit that refuses one would replay a different
     day."""
+    budget = parse_budget(settings.affinity_budget)
     return dataclasses.replace(
         config,
         models={m: dataclasses.replace(c, concurrency_limit=UNLIMITED)
                 for m, c in config.models.items()},
         scheduler=settings.scheduler, aging_divisor=settings.aging_divisor,
         swap_affinity_bonus=settings.swap_affinity_bonus,
-        affinity_budget=parse_budget(settings.affinity_budget).seconds,
-        affinity_budget_swaps=parse_budget(settings.affinity_budget).swaps,
+        affinity_budget=budget.seconds, affinity_budget_swaps=budget.swaps,
         max_waiting=0, max_waiting_per_band={}, report_positions=False)
 
 
