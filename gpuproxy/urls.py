@@ -25,6 +25,7 @@ urlpatterns = [
     path("", include("gpuproxy.api.captures")),
     path("", include("gpuproxy.api.profiles")),
     path("", include("gpuproxy.api.whatif")),
+    path("", include("gpuproxy.api.fleet")),
     path("", include("gpuproxy.api.llamaswap_urls")),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
