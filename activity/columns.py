@@ -227,6 +227,10 @@ REQUEST_LOG = Table(
                'the node that served the request: its `GPUPROXY_NODE` (default the host name; '
                'indexed with `received_at`)',
                null="— (`''` on rows older than 0012, or written by another client)"),
+        Column('entry_node',
+               'the node the request entered the fleet by, when another node forwarded it '
+               'here (docs/fleet.md, "Forwarding between nodes"); `node` served it',
+               null="— (`''`: it entered here, or the row is older than 0015)"),
     ),
 )
 
@@ -304,6 +308,9 @@ NODE = Table(
         Column("version", "the gpuproxy version the node runs (`/api/version`'s)", null="—"),
         Column("listen", "the address the node serves on, `host:port` as given to `--listen`",
                null="—"),
+        Column("url", "where the other nodes reach this one to forward a request to it: "
+               "`GPUPROXY_ADVERTISE`, else derived from `--listen`", null="— (`''` on rows "
+               "older than 0015: never forwarded to)"),
         Column("loaded", "the models whose processes are ready, as a JSON list of ids",
                null="never"),
         Column("queue", "the requests waiting per model and band: `{model: {band: {\"depth\": "

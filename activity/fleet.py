@@ -29,7 +29,7 @@ STOPPED = "stopped"  # written by a node on a clean stop
 
 UP, DOWN = "up", "down"  # computed by a reader; `stopped` is the node's own word
 
-_UPDATED = ["state", "heartbeat_at", "started_at", "pid", "version", "listen", "loaded",
+_UPDATED = ["state", "heartbeat_at", "started_at", "pid", "version", "listen", "url", "loaded",
             "queue", "in_flight"]
 
 
@@ -42,6 +42,7 @@ class NodeReport:
     started_at: dt.datetime
     version: str = ""
     listen: str = ""
+    url: str = ""  # where the other nodes forward to (GPUPROXY_ADVERTISE or from --listen)
     loaded: list[str] = field(default_factory=list)
     # {model: {band: {"depth": n, "oldest_wait_s": s}}}
     queue: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
@@ -55,7 +56,7 @@ def write(report: NodeReport, at: dt.datetime | None = None, state: str = RUNNIN
     beat: Any = Now() if at is None else at
     Node.objects.bulk_create(
         [Node(node=report.node, state=state, heartbeat_at=beat, started_at=report.started_at,
-              pid=report.pid, version=report.version, listen=report.listen,
+              pid=report.pid, version=report.version, listen=report.listen, url=report.url,
               loaded=report.loaded, queue=report.queue, in_flight=report.in_flight)],
         update_conflicts=True, unique_fields=["node"], update_fields=_UPDATED)
 

@@ -78,6 +78,7 @@ class RequestLog(models.Model):
         default=0, db_default=0)
     # The writer's GPUPROXY_NODE; '' from an older writer or another client (db_default).
     node = models.CharField(max_length=NODE_MAX, blank=True, default="", db_default="")
+    entry_node = models.CharField(max_length=NODE_MAX, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "activity_requestlog"
@@ -165,6 +166,7 @@ class Node(models.Model):
     pid = models.IntegerField()
     version = models.CharField(max_length=64, blank=True)
     listen = models.CharField(max_length=255, blank=True)
+    url = models.CharField(max_length=255, blank=True, default="", db_default="")
     loaded = models.JSONField(default=list)
     queue = models.JSONField(default=dict)
     in_flight = models.JSONField(default=dict)

@@ -33,6 +33,16 @@ GPUPROXY_FLEET_SECONDS how often this node's serve rewrites its row of the fleet
                     fleet shares one PostgreSQL database
 GPUPROXY_FLEET_DOWN_SECONDS a node whose heartbeat is older than this is shown down in the
                     fleet view (default 3; docs/fleet.md)
+GPUPROXY_FLEET_KEY  a secret shared by every node of a fleet (at least 16 characters; in
+                    Kubernetes a Secret): it turns forwarding between nodes on, and a request
+                    another node forwarded carries it. Unset: no node forwards, and a request
+                    that carries one is refused (docs/fleet.md, "Forwarding between nodes")
+GPUPROXY_FLEET_MARGIN forward a request for a model this node serves when another node that
+                    serves it has at least this many fewer requests waiting (default 4; `off`:
+                    only models this node does not serve are forwarded)
+GPUPROXY_ADVERTISE  the URL the other nodes reach this one at (e.g. http://10.0.0.5:8080);
+                    default: http:// and the --listen address when it is a concrete one, else
+                    this machine's host name and the --listen port
 GPUPROXY_LOCK_CHECK_SECONDS how often the one-proxy-per-node lock's own connection is
                     checked, and the lock re-taken after a database outage (default 1); the
                     same check makes /health say `degraded` while the database is unreachable
@@ -295,6 +305,51 @@ if 0 < GPUPROXY_FLEET_SECONDS < 0.05:  # 0 is off; a tighter loop would only loa
     raise ImproperlyConfigured(f"GPUPROXY_FLEET_SECONDS={GPUPROXY_FLEET_SECONDS:g}: give 0 (off) "
                                "or at least 0.05 seconds")
 GPUPROXY_FLEET_DOWN_SECONDS = env_float("GPUPROXY_FLEET_DOWN_SECONDS", "3", minimum=0.1)
+
+
+def env_fleet_key(name: str = "GPUPROXY_FLEET_KEY") -> str:
+    """The fleet's shared secret, "" when unset. A short one could be guessed by anyone who
+    can reach a node, and would then let them claim any caller's name and priority."""
+    value = os.environ.get(name, "")
+    if value and (len(value) < 16 or not value.isprintable() or not value.isascii()):
+        raise ImproperlyConfigured(
+            f"{name} must be at least 16 printable ASCII characters (it was {len(value)} "
+            f"long); e.g. {name}=$(openssl rand -hex 32), the same on every node")
+    return value
+
+
+def env_margin(name: str = "GPUPROXY_FLEET_MARGIN", default: str = "4") -> int | None:
+    """Requests fewer waiting elsewhere before a local model's request is forwarded; None:
+    off. At least 1: with 0, two nodes with equal queues would forward to each other."""
+    value = os.environ.get(name, default).strip().lower()
+    if value == "off":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ImproperlyConfigured(f"{name}={value!r}: give a whole number of requests, at "
+                                   "least 1 (e.g. 4), or off")
+    return number
+
+
+def env_advertise(name: str = "GPUPROXY_ADVERTISE") -> str:
+    """The URL the other nodes forward to, "" for the default derived from --listen."""
+    value = os.environ.get(name, "").strip().rstrip("/")
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or (
+            parts.query or parts.username or parts.password):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a base URL: give scheme, host "
+                                   "and port only, e.g. http://10.0.0.5:8080")
+    return value
+
+
+GPUPROXY_FLEET_KEY = env_fleet_key()
+GPUPROXY_FLEET_MARGIN = env_margin()
+GPUPROXY_ADVERTISE = env_advertise()
 # How often the running proxy checks the definitions' fingerprint (saves it was not told of).
 GPUPROXY_RELOAD_SECONDS = env_float("GPUPROXY_RELOAD_SECONDS", "2", minimum=0.01)
 # A streaming request that waits gets an SSE comment this often, so idle timeouts do not cut it.

@@ -27,7 +27,7 @@ from activity import captures, outcomes
 from activity.record import RequestRecord
 from activity.writer import writer as activity_writer
 from gpuproxy.observe import inflight, metrics
-from gpuproxy.proxy import peers, staff_session, urgency
+from gpuproxy.proxy import fleet_forward, peers, staff_session, urgency
 from gpuproxy.proxy.auth import KeyRefusal
 from gpuproxy.proxy.client_ip import client_ip
 from gpuproxy.proxy.errors import error_body, for_path
@@ -42,6 +42,7 @@ from gpuproxy.proxy.inference import (
     apply_filters,
     parse,
 )
+from gpuproxy.proxy.malformed import malformed_request
 from gpuproxy.proxy.model_list import models_list, resolve_prefix
 from gpuproxy.shell import runtime
 from gpuproxy.shell.run_loop import Waiting
@@ -70,11 +71,6 @@ logger = logging.getLogger("gpuproxy.proxy")
 # llama-swap's default `upstream.ignorePaths`: static files never trigger a model load.
 IGNORE_PATHS = [re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$")]
 GET_PATHS = frozenset({"/v1/audio/voices"})
-# ASCII control characters: httpx refuses a URL with any of them (`InvalidURL`), aiohttp a
-# header value with any but tab. Twisted lets all but NUL, CR and LF through in header values.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
-_CONTROL_IN_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _OUTCOME_OF = {
     ModelNotFound: outcomes.UNKNOWN_MODEL,
     ConcurrencyLimit: outcomes.REJECTED_CAPACITY,
@@ -113,6 +109,7 @@ class ProxyConsumer(UpstreamExchange):
         # a gpuproxy API key let the request in (`auth.credential_drop`)
         self._drop = relay.HOP_BY_HOP
         self._streams = False  # the request asks for a streamed answer
+        self._hop: fleet_forward.Hop | None = None  # forwarded by a node of this fleet
 
     @cached_property
     def headers(self) -> dict[bytes, bytes]:
@@ -215,6 +212,8 @@ class ProxyConsumer(UpstreamExchange):
         if self._log:
             self._log = False
             row = self.rec.row()
+            if self._hop is not None:  # served here, entered by another node
+                row["entry_node"] = self._hop.entry_node
             capture = self._capture
             activity_writer().submit(row if capture is None else {**row,
                                                                   captures.ROW_KEY: capture})
@@ -263,6 +262,9 @@ class ProxyConsumer(UpstreamExchange):
         headers = self.headers
         path: str = self.scope["path"]
         method: str = self.scope["method"]
+        hop = fleet_forward.hop_of(headers)  # a node's forward: believed only with the key
+        if isinstance(hop, fleet_forward.Refused):
+            return await self.send_json(401, hop.body, outcome=outcomes.UNAUTHORIZED)
         who = await staff_session.authorize_proxy(  # a key, or a staff session's
             self.scope, headers, catalog.api_keys, catalog.admin_keys,
             admin=proxy_path_needs_admin(path))
@@ -276,7 +278,11 @@ class ProxyConsumer(UpstreamExchange):
             return
         if who is not None:  # None: no keys, no staff session; the defaults stand
             self.rec.client, self._drop = who
-        malformed = self.malformed(path)
+        self._drop |= fleet_forward.OWN_HEADERS  # never relayed further
+        if hop is not None:  # the caller and the arrival as the entry node knew them
+            self._hop, self.rec.client, self.rec.client_ip = hop, hop.client, hop.client_ip
+            self.rec.received -= hop.age
+        malformed = malformed_request(self.scope)
         if malformed is not None:
             await self.send_json(400, error_body(*malformed), outcome=outcomes.BAD_REQUEST)
             return
@@ -300,19 +306,6 @@ class ProxyConsumer(UpstreamExchange):
             await self.send_json(404, error_body(f"no such endpoint: {method} {path}",
                                                  "invalid_request_error", "not_found"),
                                  outcome=outcomes.BAD_REQUEST)
-
-    def malformed(self, path: str) -> tuple[str, str, str] | None:
-        """What makes this request impossible to send upstream as it is (the upstream client
-        refuses control characters in the URL and in header values), as (message, type,
-        code) for a 400; None when nothing does."""
-        if _CONTROL.search(path) or _CONTROL_BYTES.search(self.scope.get("query_string", b"")):
-            return ("the path or query string contains a control character (percent-encoded "
-                    "%00-%1F or %7F in the path, or raw in the query)", "invalid_request_error",
-                    "invalid_url")
-        if _CONTROL_IN_VALUE.search(b"".join([v for _, v in self.scope["headers"]])):
-            return ("a request header value contains a control character other than tab "
-                    "(RFC 9110 5.5)", "invalid_request_error", "invalid_header")
-        return None
 
     async def method_not_allowed(self, *allowed: str) -> None:
         await self.send_json(405, error_body(
@@ -345,6 +338,8 @@ class ProxyConsumer(UpstreamExchange):
             await peers.forward(self, route, parsed, upstream_path, priority,
                                 self.cancel_by_admin)
             return
+        if await fleet_forward.elsewhere(self, route, body, priority):
+            return  # another node served it, or none that serves it is up
         known = route.kind in ("model", "selector")
         if known and catalog.capture_buffer_mb:  # the one check captures cost when off
             self.begin_capture(catalog.capture_buffer_mb, upstream_path, body)
@@ -369,7 +364,11 @@ class ProxyConsumer(UpstreamExchange):
                            loading_state=bool(meta and meta.send_loading_state))
 
     def priority(self, json_body: dict[str, Any] | None) -> int:
-        """The priority applied here, the scheduler's and a peer's (urgency.py)."""
+        """The priority applied here, the scheduler's and a peer's (urgency.py); the entry
+        node's for a request another node forwarded (clamped there)."""
+        if self._hop is not None:
+            self.rec.priority_asked = self._hop.asked
+            return self._hop.priority
         return urgency.applied_priority(self.headers, json_body, self.rt.catalog, self.rec)
 
     async def upstream_passthrough(self, rest: str, body: bytes) -> None:
@@ -447,7 +446,8 @@ class ProxyConsumer(UpstreamExchange):
                     self.report_wait(waiting, model, priority, loading_state))
 
         patience = urgency.queue_deadline(self.headers, self.rt.catalog.queue_timeout)
-        age = urgency.age(self.headers, self.rt.catalog)  # a trusted peer's request's
+        age = (self._hop.age if self._hop is not None  # a fleet node's or trusted peer's
+               else urgency.age(self.headers, self.rt.catalog))
         give_up = time.monotonic() + patience if patience is not None else None
         for attempt in range(1, WAITS + 1):
             if give_up is not None:  # a later wait gets what is left of the first's

@@ -201,7 +201,7 @@ async def send(ex: UpstreamExchange, route: Route, body: bytes, upstream_path: s
     except (httpx.TransportError, aiohttp.ClientError) as exc:
         await _failed(ex, *_words(where, peer, relay.failure(exc)))
         return
-    await _relay(ex, response, where)
+    await relay_answer(ex, response, where)
 
 
 def _words(where: str, peer: CatalogPeer, fail: relay.Failure) -> tuple[int, str, str]:
@@ -220,7 +220,7 @@ async def _failed(ex: UpstreamExchange, status: int, message: str, code: str) ->
                        outcome=outcomes.UPSTREAM_ERROR)
 
 
-async def _relay(ex: UpstreamExchange, response: httpx.Response, where: str) -> None:
+async def relay_answer(ex: UpstreamExchange, response: httpx.Response, where: str) -> None:
     """The peer's answer as it arrives; a body that breaks off is never passed off as whole:
     an SSE stream ends with an `error` event, anything else with the connection aborted."""
     rec = ex.rec

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -37,13 +38,28 @@ logger = logging.getLogger("gpuproxy.shell.fleet")
 RunDb = Callable[[Callable[[], T]], Awaitable[T]]
 
 _listen: str | None = None
+_url = ""
+# Addresses that say "every interface": another node cannot reach this one by them.
+_ANY = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 
 
 def serving_at(host: str, port: int) -> None:
     """Said by `serve` (a single process, or the scheduler process of `--workers N`): this
     process publishes its node, serving at host:port."""
-    global _listen
+    global _listen, _url
     _listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    _url = advertised(host, port)
+
+
+def advertised(host: str, port: int, hostname: str | None = None) -> str:
+    """The URL the other nodes forward to: GPUPROXY_ADVERTISE, else the --listen address when
+    it names one interface, else this machine's host name (a wildcard address reaches
+    nothing from another box). Plain http: a serve with TLS must set GPUPROXY_ADVERTISE."""
+    if settings.GPUPROXY_ADVERTISE:
+        return str(settings.GPUPROXY_ADVERTISE)
+    if host in _ANY:
+        host = socket.gethostname() if hostname is None else hostname
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def listen() -> str | None:
@@ -93,7 +109,8 @@ class FleetPublisher:
         loaded = sorted(m for m, state in published.model_states().items()
                         if state == State.READY)
         return fleet.NodeReport(node=self.node, pid=self.pid, started_at=self.started_at,
-                                version=self.version, listen=self.listen, loaded=loaded,
+                                version=self.version, listen=self.listen, url=_url,
+                                loaded=loaded,
                                 queue=queue, in_flight=in_flight)
 
     async def publish(self, state: str = fleet.RUNNING) -> bool:
@@ -142,6 +159,9 @@ def start(run_loop: Any, run_db: RunDb[Any]) -> FleetPublisher | None:
         return None
     if connections["default"].vendor == "sqlite":
         return None
+    if not settings.GPUPROXY_FLEET_KEY:  # said once, where the serve starts its run loop
+        logger.info("fleet: forwarding between nodes is off: GPUPROXY_FLEET_KEY is not set "
+                    "(set the same secret on every node to turn it on; docs/fleet.md)")
     publisher = FleetPublisher(settings.GPUPROXY_NODE, _listen,
                                partial(run_loop.inspect, books), run_db)
     publisher.start()
