@@ -50,6 +50,8 @@ from activity.admin_time import (
 )
 from activity.management.commands.activity_export import COLUMNS, iter_csv
 from activity.models import ModelEvent, Node, RequestLog
+from scheduling.models import ModelDefinition
+from scheduling.nodes import serves_text
 
 #: the most rows a filtered changelist counts exactly; beyond it, "COUNT_CAP" is shown.
 COUNT_CAP = 10_000
@@ -363,8 +365,8 @@ class NodeAdmin(admin.ModelAdmin):
     second. A row that is down or stopped may be deleted (a node retired or renamed); an up one
     may not, since its node would only write it again within a second."""
 
-    list_display = ("node", "status", "heartbeat_age", "loaded_models", "queue_depth",
-                    "in_flight_total", "version", "listen")
+    list_display = ("node", "status", "heartbeat_age", "serves", "loaded_models",
+                    "queue_depth", "in_flight_total", "version", "listen")
     fields = ("node", "status", "heartbeat_at", "started_at", "pid", "version", "listen",
               "loaded", "queue", "in_flight")
     readonly_fields = fields
@@ -384,6 +386,25 @@ class NodeAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(db_now=Now())  # one clock for the page
+
+    def get_list_display(self, request):
+        read: dict[str, list[tuple[str, list[str]]]] = {}
+
+        @admin.display(description="serves")
+        def serves(obj: Node) -> str:
+            """The models placed on it (scheduling/nodes.py), read once per page."""
+            if "placements" not in read:
+                read["placements"] = list(ModelDefinition.objects.filter(
+                    enabled=True).values_list("model_id", "nodes"))
+            return serves_text(obj.node, ((m, n or []) for m, n in read["placements"]))
+
+        return tuple(serves if name == "serves" else name for name in self.list_display)
+
+    @admin.display(description="serves")
+    def serves(self, obj: Node) -> str:
+        """What the system check looks up; the list shows `get_list_display`'s column."""
+        return serves_text(obj.node, ModelDefinition.objects.filter(enabled=True).values_list(
+            "model_id", "nodes"))
 
     @staticmethod
     def _now(obj: Node) -> dt.datetime:

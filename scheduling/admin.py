@@ -35,6 +35,7 @@ from scheduling.admin_routing import (  # the routing pages register themselves 
 from scheduling.catalog import url_host
 from scheduling.guarantees import guarantees, parse_number
 from scheduling.models import ApiKey, ConfigImport, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.nodes import placement_text
 
 logger = logging.getLogger("gpuproxy.admin")
 
@@ -125,8 +126,8 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     # and the settings once per page. Narrow enough for a 1366 px screen between the admin's
     # two sidebars: the name and group under the id, "disabled" as the live state, the
     # upstream as host:port, the defaults in words that wrap, the slots' reason on hover.
-    list_display = ("model_shown", "live_state", "upstream", "ttl_shown", "concurrency",
-                    "slots_short")
+    list_display = ("model_shown", "live_state", "placement", "upstream", "ttl_shown",
+                    "concurrency", "slots_short")
     list_filter = ("enabled", "group")
     search_fields = ("model_id", "name", "description")
     list_select_related = ("group",)
@@ -136,7 +137,7 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
     guard_kind = "models"
     fieldsets = (
         ("Identity", {"fields": ("model_id", "live_state", "enabled", "name", "description",
-                                 "aliases", "unlisted", "group")}),
+                                 "aliases", "unlisted", "group", "nodes")}),
         ("Process", {
             "fields": ("cmd", "cmd_stop", "env", "proxy", "port", "check_endpoint", "ttl",
                        "unload_timeout"),
@@ -194,6 +195,11 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
         if obj.group is not None:  # list_select_related: no query per row
             lines.append(format_html('<span class="quiet">group {}</span>', obj.group.group_id))
         return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
+
+    @admin.display(description="nodes")
+    def placement(self, obj: ModelDefinition) -> str:
+        """Which nodes of the fleet run it: "all", or their names (docs/fleet.md)."""
+        return placement_text(obj.nodes if isinstance(obj.nodes, list) else ())
 
     @admin.display(description="upstream", ordering="proxy")
     def upstream(self, obj: ModelDefinition) -> SafeString:
@@ -358,6 +364,10 @@ class ProxySettingsAdmin(RoutingAdmin):
         ("Performance monitoring", {"fields": ("performance_monitoring",
                                                "performance_interval")}),
         ("Captures", {"fields": ("capture_buffer_mb",)}),
+        ("Fleet", {"fields": ("importer_node",),
+                   "description": "Several nodes on one database: which one imports its "
+                                  "config file (docs/fleet.md, \"Shared definitions and "
+                                  "placement\")."}),
         ("What 0 and empty mean now", {
             "fields": ("defaults_in_force",),
             "description": "The saved values above that stand for a default or for no "

@@ -44,6 +44,7 @@ class CatalogModel:
     vllm_priority: bool = False  # forward the priority in vLLM's `priority` body field
     stream_idle_timeout: float = 600.0  # seconds without a byte before the request is cut
     created: int = 0  # unix time of the definition's last change, for /v1/models
+    nodes: tuple[str, ...] = ()  # the fleet's nodes that run it; () = every node
 
 
 def url_host(url: str) -> str:
@@ -117,7 +118,9 @@ class Route:
 
     kind: "model" (a local model id in `target`), "selector" (a selector id in `target`),
     "peer" (`peer_id` and `peer_model`; `target` is `<peer_id>/<peer_model>`),
-    "disabled" (the active profile pins the name to nothing: 404), "unknown" (404).
+    "fleet" (a model placed on other nodes of the fleet only: `target` its id, `nodes`
+    them; never scheduled here), "disabled" (the active profile pins the name to nothing:
+    404), "unknown" (404).
     """
 
     kind: str
@@ -126,12 +129,20 @@ class Route:
     pinned_by: str = ""  # the active profile whose pin rewrote the name
     peer_id: str = ""
     peer_model: str = ""
+    nodes: tuple[str, ...] = ()  # "fleet": the nodes that serve it
 
 
 @dataclass(frozen=True)
 class Catalog:
+    # The models this node runs: the only ones it starts, preloads, loads or swaps.
     models: dict[str, CatalogModel] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    node: str = ""  # this node's name (GPUPROXY_NODE)
+    # Enabled models placed on other nodes only (model id -> their nodes), their aliases
+    # (alias -> model id) and their entries, for `route` ("fleet") and /v1/models.
+    elsewhere: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    elsewhere_aliases: dict[str, str] = field(default_factory=dict)
+    elsewhere_models: dict[str, CatalogModel] = field(default_factory=dict)
     groups: tuple[Group, ...] = ()
     api_keys: dict[str, str] = field(default_factory=dict)  # sha256 -> key name
     admin_keys: frozenset[str] = frozenset()  # sha256 of the keys marked admin
@@ -197,6 +208,9 @@ class Catalog:
         local = self.resolve(name)
         if local is not None:
             return Route("model", local, requested, pinned_by)
+        fleet = name if name in self.elsewhere else self.elsewhere_aliases.get(name)
+        if fleet is not None:
+            return Route("fleet", fleet, requested, pinned_by, nodes=self.elsewhere[fleet])
         peer = self.peer_model(name)
         if peer is not None:
             return Route("peer", f"{peer[0]}/{peer[1]}", requested, pinned_by,
@@ -259,6 +273,9 @@ class Catalog:
                        for sid, sel in self.selectors.items()},
             peer_models=frozenset(f"{pid}/{m}" for pid, peer in self.peers.items()
                                   for m in peer.models),
+            elsewhere={**{alias: self.elsewhere[mid]
+                          for alias, mid in self.elsewhere_aliases.items()},
+                       **self.elsewhere},
         )
 
     def _targets(self, sel: CatalogSelector) -> tuple[str, ...]:

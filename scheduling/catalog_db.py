@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from django.conf import settings as django_settings
 from django.db.models import Count, Max
 
 from scheduling.catalog import (
@@ -18,6 +19,7 @@ from scheduling.catalog import (
 from scheduling.core.swapper import Group
 from scheduling.llamaswap.parsed import PEER_TIMEOUTS
 from scheduling.models import ApiKey, ModelDefinition, ModelGroup, ProxySettings
+from scheduling.nodes import placed_on
 from scheduling.ports import allocate_ports
 from scheduling.routing_checks import RoutingView, peer_of, selector_of
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
@@ -70,16 +72,23 @@ def build_catalog() -> Catalog:
 
     The fingerprint is read first: a change that lands while the rest is read makes the
     stored fingerprint stale, so the next poll reloads again rather than missing it.
+
+    A model placed on other nodes only (`nodes`) stays out of `models`, so nothing here can
+    start, preload, load or swap it; it is in `elsewhere`, for routing and /v1/models.
     """
+    node = str(getattr(django_settings, "GPUPROXY_NODE", ""))
     stamp = fingerprint()
     settings = ProxySettings.load()
     defs = list(ModelDefinition.objects.filter(enabled=True).select_related("group"))
     ports = _allocate_ports(defs, settings.start_port)
     models: dict[str, CatalogModel] = {}
     aliases: dict[str, str] = {}
+    elsewhere: dict[str, CatalogModel] = {}
+    elsewhere_aliases: dict[str, str] = {}
     for d in defs:
         spec = d.to_upstream_spec(settings, port=ports.get(d.model_id))
-        models[d.model_id] = CatalogModel(
+        here = placed_on(d.nodes or (), node)
+        (models if here else elsewhere)[d.model_id] = CatalogModel(
             model_id=d.model_id,
             spec=spec,
             name=d.name,
@@ -101,10 +110,11 @@ def build_catalog() -> Catalog:
             created=int(d.updated_at.timestamp()) if d.updated_at else 0,
             vllm_priority=d.vllm_priority,
             stream_idle_timeout=float(d.stream_idle_timeout),
+            nodes=tuple(d.nodes or ()),
         )
         for alias in [*d.aliases, *(d.set_params_by_id or {})]:
             if alias != d.model_id:
-                aliases[alias] = d.model_id
+                (aliases if here else elsewhere_aliases)[alias] = d.model_id
     groups = tuple(
         Group(g.group_id, frozenset(m.model_id for m in g.members.all() if m.model_id in models),
               swap=g.swap, exclusive=g.exclusive, persistent=g.persistent)
@@ -143,6 +153,10 @@ def build_catalog() -> Catalog:
     return Catalog(
         models=models,
         aliases=aliases,
+        node=node,
+        elsewhere={mid: m.nodes for mid, m in elsewhere.items()},
+        elsewhere_aliases=elsewhere_aliases,
+        elsewhere_models=elsewhere,
         groups=groups,
         api_keys=api_keys,
         admin_keys=admin_keys,

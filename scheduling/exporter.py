@@ -86,6 +86,7 @@ def _export_model(m: ModelDefinition) -> dict[str, Any]:
         ("enabled", m.enabled, True),
         ("vllmPriority", m.vllm_priority, False),
         ("streamIdleTimeout", m.stream_idle_timeout, 600),
+        ("nodes", list(m.nodes or []), []),
         ("metadata", m.metadata, {}),
         ("capabilities", m.capabilities, {}),
     )

@@ -58,7 +58,7 @@ _MODEL_PATHS = {
     "strip_params": "filters.stripParams", "set_params": "filters.setParams",
     "set_params_by_id": "filters.setParamsByID", "metadata": "metadata",
     "capabilities": "capabilities", "send_loading_state": "sendLoadingState",
-    "enabled": "enabled",
+    "enabled": "enabled", "nodes": "nodes",
 }
 _SETTINGS_PATHS = {
     "scheduler": "routing.scheduler.use",
@@ -484,6 +484,7 @@ def _model_values(m: ParsedModel) -> dict[str, Any]:
         "capabilities": json.loads(json.dumps(m.capabilities)),
         "send_loading_state": m.send_loading_state, "fifo_priority": m.fifo_priority,
         "vllm_priority": m.vllm_priority, "stream_idle_timeout": m.stream_idle_timeout,
+        "nodes": list(m.nodes),
     }
 
 

@@ -15,6 +15,8 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from scheduling import affinity_budget
+from scheduling.config_import import ConfigImport
+from scheduling.nodes import ADMIN_ONLY, bad_node_name, placement_errors
 from scheduling.priority_range import PriorityRange
 from scheduling.routing_models import MatrixSet, Peer, Profile, Selector
 from scheduling.slots import Slots, resolve_parallel
@@ -27,7 +29,8 @@ MAX_SWAP_AFFINITY_BONUS = 99
 MIN_PERFORMANCE_INTERVAL = 1.0
 DEFAULT_MAX_WAITING = 20_000
 _ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-__all__ = ["MatrixSet", "Peer", "Profile", "Selector"]  # defined in scheduling/routing_models.py
+# defined in scheduling/routing_models.py and scheduling/config_import.py
+__all__ = ["ConfigImport", "MatrixSet", "Peer", "Profile", "Selector"]
 
 
 class ModelGroup(models.Model):
@@ -155,6 +158,11 @@ class ModelDefinition(models.Model):
                   "vLLM's `priority` body field (negated: lower is served first there) so the "
                   "engine orders parallel work the way the scheduler does. A `priority` the "
                   "client sent itself is kept.")
+    nodes = models.JSONField(
+        default=list, blank=True,
+        help_text='`nodes` (gpuproxy extension): the fleet\'s nodes that run this model, by '
+                  'their GPUPROXY_NODE names, a JSON list such as ["gpu-a", "gpu-b"]; empty = '
+                  "every node. Other nodes never start it; they list it and name these nodes.")
     fifo_priority = models.IntegerField(
         default=0, help_text="`routing.scheduler.settings.fifo.priority`: higher is served "
                              "first while queued (fifo scheduler).")
@@ -199,6 +207,8 @@ class ModelDefinition(models.Model):
         for name in ("set_params", "set_params_by_id", "metadata", "capabilities"):
             if not isinstance(getattr(self, name), dict):
                 errors[name] = "Must be a JSON object."
+        if (why := placement_errors(self.nodes)) is not None:
+            errors["nodes"] = why[0].upper() + why[1:] + "."
         if errors:
             raise ValidationError(errors)
         self._clean_aliases_unique()
@@ -351,6 +361,13 @@ class ProxySettings(PriorityRange):
         default=dict, blank=True,
         help_text='`routing.router.settings.matrix.evict_costs`: the cost of stopping a model '
                   '(a model id or var; 1 when absent), e.g. {"llama-70B": 30}.')
+    importer_node = models.CharField(
+        "importer node", max_length=63, blank=True,
+        help_text="With several nodes on this database, the one whose `serve --config` "
+                  "writes the definitions (its SIGHUP and -watch-config too); other nodes "
+                  "refuse a file that differs from the database. Empty = the first node "
+                  f"that imports claims it; `{ADMIN_ONLY}` = no node imports, the admin alone "
+                  "writes them. A node that finds the importer down takes over.")
     active_profile = models.CharField(
         max_length=255, blank=True,
         help_text="The profile whose pins apply (`PUT /api/profiles/active`); empty = none.")
@@ -392,6 +409,9 @@ class ProxySettings(PriorityRange):
         if not isinstance(self.preload, list) or not all(
                 isinstance(p, str) for p in self.preload):
             errors["preload"] = "preload must be a list of model ids."
+        if self.importer_node not in ("", ADMIN_ONLY) and (
+                why := bad_node_name(self.importer_node)) is not None:
+            errors["importer_node"] = f"{why}; or empty, or {ADMIN_ONLY} for the admin only."
         errors.update(self.priority_range_errors())
         if errors:
             raise ValidationError(errors)
@@ -481,39 +501,3 @@ class ApiKey(PriorityRange):
     @staticmethod
     def generate() -> str:
         return "sk-gp-" + secrets.token_urlsafe(24)
-
-
-class ConfigImport(models.Model):
-    """The last import of a config file (or `-config-dir`): a single row.
-
-    Startup compares the file's content hash with `content_hash` and imports only when it
-    changed, so edits made in the admin survive a restart with an unchanged file. The admin
-    reads `managed` to say which rows the file will overwrite; the export reads `meaning` to
-    write back the macros, `${env.…}` references and entries the database has no column for.
-    """
-
-    source_path = models.TextField(help_text="The file or directory last imported.")
-    files = models.JSONField(default=list, help_text="The files it was read from, in order.")
-    content_hash = models.CharField(
-        max_length=64, help_text="SHA-256 of the files and the environment values they use.")
-    imported_at = models.DateTimeField()
-    managed = models.JSONField(
-        default=dict, help_text="What the file defines: model ids, group ids, settings.")
-    meaning = models.JSONField(
-        default=dict, help_text="What the export needs to write the file back as written: "
-                                "the source text of values that used macros or ${env.…}, "
-                                "and entries naming no model. Never a secret's value.")
-
-    class Meta:
-        verbose_name = "config import"
-
-    def __str__(self) -> str:
-        return f"{self.source_path} ({self.imported_at:%Y-%m-%d %H:%M:%S})"
-
-    def save(self, *args, **kwargs) -> None:
-        self.pk = 1
-        super().save(*args, **kwargs)
-
-    @classmethod
-    def last(cls) -> ConfigImport | None:
-        return cls.objects.filter(pk=1).first()

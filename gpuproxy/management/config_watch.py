@@ -6,6 +6,9 @@ file change. Here the file is imported into the database (scheduling/importer.py
 its content differs from the last import's); the import's commit then reaches the running
 proxy the way an admin save does (scheduling/signals.py), and only what changed is applied.
 A file with an error changes nothing, as llama-swap keeps its old config on a failed reload.
+In a fleet only the importer node imports (gpuproxy/management/importer_role.py): on any
+other node a changed file is refused, logged once per change, and the node keeps serving the
+shared definitions, which reach it through NOTIFY as the importer writes them.
 
 The import is blocking ORM code: it runs on the runtime's database thread, never on the event
 loop. One re-import runs at a time; a signal that arrives during one asks for one more after
@@ -19,7 +22,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scheduling.importer import ImportReport
@@ -81,11 +84,12 @@ class Reimporter:
     made behind Django's back), and a change committed reloads once either way."""
 
     def __init__(self, source: ConfigSource,
-                 run_db: Callable[[Callable[[], ImportReport]], Awaitable[ImportReport]],
+                 run_db: Callable[[Callable[[], Any]], Awaitable[Any]],
                  reread: Callable[[], None]) -> None:
         self.source = source
         self._run_db = run_db
         self._reread = reread
+        self._refused = ""  # the content hash last refused (not the importer): logged once
         self._wanted: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -110,7 +114,7 @@ class Reimporter:
 
         logger.info("%s: re-importing %s", why, self.source)
         try:
-            report = await self._run_db(self.source.import_now)
+            outcome = await self._run_db(self._as_importer)
         except (ConfigError, OSError) as exc:
             logger.error("%s: %s was not applied: %s; the running config is kept (fix the "
                          "file and signal again)", why, self.source, exc)
@@ -120,7 +124,39 @@ class Reimporter:
             logger.exception("%s: re-importing %s failed; the running config is kept", why,
                              self.source)
             return
-        log_report(self.source, report, why)
+        if isinstance(outcome, _Refused):
+            if outcome.fingerprint != self._refused:
+                self._refused = outcome.fingerprint
+                logger.error("%s: not imported: %s; the running definitions are kept", why,
+                             outcome.message)
+            else:  # said once per change: a reply to the signal, not the refusal again
+                logger.info("%s: %s still differs from the definitions' last import; not "
+                            "imported (this node does not import)", why, self.source)
+            return
+        self._refused = ""
+        if outcome is None:
+            logger.info("%s: %s is the same as the definitions' last import; nothing to "
+                        "apply (this node does not import)", why, self.source)
+            return
+        log_report(self.source, outcome, why)
+
+    def _as_importer(self) -> ImportReport | _Refused | None:
+        """On the database thread: import when this node is (or becomes) the importer; else
+        nothing for a file the database last imported, `_Refused` for one that differs."""
+        from django.conf import settings
+
+        from gpuproxy.management import importer_role
+
+        node = settings.GPUPROXY_NODE
+        role = importer_role.claim(node)
+        role.log()
+        if role.imports:
+            return self.source.import_now()
+        fingerprint = self.source.fingerprint()
+        if importer_role.same_as_last_import(fingerprint):
+            return None
+        return _Refused(fingerprint or "(unreadable)", importer_role.refusal(
+            node, role.importer, str(self.source)))
 
     def watch(self, every: float = WATCH_EVERY) -> None:
         """`-watch-config`: poll the file (or directory) and re-import when it changes."""
@@ -143,6 +179,14 @@ class Reimporter:
         for task in (self._watch, self._task):
             if task is not None:
                 task.cancel()
+
+
+class _Refused:
+    """A changed file on a node that does not import it."""
+
+    def __init__(self, fingerprint: str, message: str) -> None:
+        self.fingerprint = fingerprint
+        self.message = message
 
 
 def on_sighup(reimporter: Reimporter | None, request_reload: Callable[[], None]) -> None:

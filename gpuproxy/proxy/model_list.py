@@ -88,6 +88,8 @@ def _record(model_id: str, m: CatalogModel, loaded: bool, state: str,
     if "context_length" in rendered:
         meta["n_ctx"] = rendered["context_length"]
     meta["gpuproxy"] = {"state": state}
+    if m.nodes:  # placed on these nodes of the fleet only
+        meta["gpuproxy"]["nodes"] = list(m.nodes)
     record["meta"] = meta
     record["status"] = {"value": "loaded" if loaded else "unloaded"}
     return record
@@ -96,22 +98,25 @@ def _record(model_id: str, m: CatalogModel, loaded: bool, state: str,
 def models_list(rt: ProxyPort, catalog: Catalog) -> dict[str, Any]:
     """OpenAI's model list in llama-swap's shape (its `capabilities` rendering, `meta.llamaswap`
     with `type`, `status`); what only gpuproxy knows goes under `meta.gpuproxy`, so a client
-    written for llama-swap reads the same keys."""
+    written for llama-swap reads the same keys. A model placed on other nodes only is listed
+    too (the fleet serves it), state `elsewhere` and its nodes under `meta.gpuproxy.nodes`."""
     data = []
-    for model_id, m in sorted(catalog.models.items()):
+    every = {**catalog.models, **catalog.elsewhere_models}
+    for model_id, m in sorted(every.items()):
         if m.unlisted:
             continue
         proc = rt.upstream(model_id)
         state = proc.state if proc is not None else State.STOPPED
         loaded = state is State.READY
+        shown = "elsewhere" if model_id in catalog.elsewhere_models else state.value
         internal: dict[str, Any] = {"type": "model"}
         if m.aliases:
             internal["aliases"] = list(m.aliases)
-        data.append(_record(model_id, m, loaded, state.value, internal))
+        data.append(_record(model_id, m, loaded, shown, internal))
         if catalog.include_aliases_in_list:
             for alias in m.aliases:
                 if alias.strip():
-                    data.append(_record(alias.strip(), m, loaded, state.value,
+                    data.append(_record(alias.strip(), m, loaded, shown,
                                         {"type": "alias", "modelID": model_id}))
     data += routed(rt, catalog, int(time.time()))
     data.sort(key=lambda record: record["id"])
@@ -140,7 +145,8 @@ def routed(rt: ProxyPort, catalog: Catalog, created: int) -> list[dict[str, Any]
     starting (`pin`: its first target only); a pin unless it names nothing or a name that is
     listed already (a model, an alias, a peer's model, a selector)."""
     out: list[dict[str, Any]] = []
-    taken = set(catalog.models) | set(catalog.aliases) | set(catalog.selectors)
+    taken = (set(catalog.models) | set(catalog.aliases) | set(catalog.selectors)
+             | set(catalog.elsewhere) | set(catalog.elsewhere_aliases))
     for peer_id, peer in catalog.peers.items():
         for model in dict.fromkeys(peer.models):
             fqn = f"{peer_id}/{model}"

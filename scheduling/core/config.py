@@ -52,6 +52,9 @@ class SchedulerConfig:
     selectors: dict[str, SelectorConfig] = field(default_factory=dict)
     # Peers' models (`<peer>/<model>`) a selector may bind to: granted at once, never swapped.
     peer_models: frozenset[str] = frozenset()
+    # Models (ids and aliases) placed on other nodes of a fleet only -> those nodes: never
+    # admitted here; the 404 names them (issue 24).
+    elsewhere: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Tell waiting requests their queue position (the loading stream shows it). A replay
     # (scheduling/replay.py) has no client to tell: off, it saves about half its time.
     report_positions: bool = True

@@ -313,7 +313,11 @@ class Ledger(SelectorBooks):
         if req in self._holders or req in self._serving:
             raise InvariantViolation(f"request seq={req.seq} arrived twice")
         if not self._defined(req.model):
-            self._fx.grant_error(req, ModelNotFound(req.model))
+            nodes = self._config.elsewhere.get(req.model)
+            self._fx.grant_error(req, ModelNotFound(req.model, why=(
+                f"it is placed on node(s) {', '.join(nodes)} of the fleet, not on this node; "
+                "send it to one of those (or add this node to its `nodes` in the admin)")
+                if nodes else ""))
             return False
         if self._shut_down:
             self._fx.grant_error(req, ShuttingDown())

@@ -29,6 +29,7 @@ from scheduling.llamaswap.parsed import (
 )
 from scheduling.llamaswap.reader import Reader
 from scheduling.llamaswap.values import check_json, describe
+from scheduling.nodes import bad_node_name
 from scheduling.ports import MAX_PORT, NoPortLeft, allocate_ports
 from scheduling.spec import split_command, strip_comments
 
@@ -36,11 +37,11 @@ _MODEL_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "ttl", "unloadTimeout", "aliases", "env", "name",
     "description", "unlisted", "useModelName", "concurrencyLimit", "sendLoadingState", "filters",
     "macros", "metadata", "capabilities", "parallel", "enabled", "vllmPriority",
-    "streamIdleTimeout"})
+    "streamIdleTimeout", "nodes"})
 # Values that are always strings: macros are written into them as text, never with a type.
 _MODEL_TEXT_KEYS = frozenset({
     "cmd", "cmdStop", "proxy", "checkEndpoint", "name", "description", "useModelName", "aliases",
-    "env"})
+    "env", "nodes"})
 _ENV_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _MODALITIES = ("text", "audio", "image")
 
@@ -198,7 +199,21 @@ def read_model(r: Reader, model_id: str, values: dict[str, Any], port: int | Non
         vllm_priority=r.boolean(values.get("vllmPriority"), at("vllmPriority"), False),
         stream_idle_timeout=r.integer(values.get("streamIdleTimeout"),
                                       at("streamIdleTimeout"), 600, minimum=1),
+        nodes=_nodes(r, values.get("nodes"), at("nodes")),
     )
+
+
+def _nodes(r: Reader, value: Any, path: str) -> tuple[str, ...]:
+    """`nodes` (gpuproxy extension): the fleet's nodes that run the model, by their
+    GPUPROXY_NODE names; absent or empty = every node."""
+    names = r.strings(value, path)
+    for i, name in enumerate(names):
+        why = bad_node_name(name)
+        if why is None and name in names[:i]:
+            why = f"node {name!r} is listed twice"
+        if why:
+            raise ConfigError(f"{path}[{i}]", why)
+    return tuple(names)
 
 
 def _filters(r: Reader, value: Any, path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:

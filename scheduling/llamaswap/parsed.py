@@ -95,6 +95,7 @@ class ParsedModel:
     enabled: bool = True
     vllm_priority: bool = False
     stream_idle_timeout: int = 600
+    nodes: tuple[str, ...] = ()  # `nodes` (gpuproxy): where it runs; () = every node
     group: str | None = None
 
 

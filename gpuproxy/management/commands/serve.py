@@ -69,6 +69,11 @@ async def preload(models: list[str]) -> None:
 
     rt = await runtime.get()
     for name in models:
+        route = rt.catalog.route(name, profiles=False)
+        if route.kind == "fleet":  # placed on other nodes: theirs to preload
+            logger.info("preload of %r skipped: it is placed on node(s) %s, not on this "
+                        "node (%s)", name, ", ".join(route.nodes), rt.catalog.node)
+            continue
         try:
             loaded = await rt.run_loop.load(rt.catalog.resolve(name) or name)
         except SchedulingError as exc:
@@ -412,9 +417,27 @@ class Command(BaseCommand):
 
     def import_config(self, source: ConfigSource, force: bool) -> None:
         """At start: import the config only when its content changed since the last import
-        (or `--force-import`), so a restart keeps what was edited in the admin since."""
-        from scheduling.llamaswap import ConfigError
+        (or `--force-import`), so a restart keeps what was edited in the admin since. Only
+        the fleet's importer writes (gpuproxy/management/importer_role.py): another node
+        starts with the file the database last imported, and refuses a different one."""
+        from django.conf import settings
 
+        from gpuproxy.management import importer_role
+        from scheduling.llamaswap import ConfigError
+        from scheduling.nodes import ADMIN_ONLY
+
+        node = settings.GPUPROXY_NODE
+        role = importer_role.claim(node)
+        role.log()
+        if not role.imports:
+            if not importer_role.same_as_last_import(source.fingerprint()):
+                raise CommandError(importer_role.refusal(node, role.importer, str(source)))
+            who = ("the admin" if role.importer == ADMIN_ONLY
+                   else f"node {role.importer}")
+            self.stdout.write(f"{source}: the same as the definitions' last import; nothing "
+                              f"written (this node, {node}, does not import: {who} writes "
+                              "the definitions)")
+            return
         try:
             report = source.import_now(force=force)
         except ConfigError as exc:

@@ -1,0 +1,190 @@
+"""Issue 24, item 2: with a shared database one source writes the definitions. The importer
+node imports its `--config` as a single box does; any other node starts with the file the
+database last imported and refuses a different one, naming the importer; a node takes over
+when the importer is not up; SIGHUP on a non-importer imports nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from activity.models import Node
+from gpuproxy.management import importer_role
+from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
+from tests.conftest import FAKE, database_url, free_port
+from tests.helpers import until
+
+
+def config(start: int, *models: str) -> str:
+    return f"""
+    startPort: {start}
+    healthCheckTimeout: 15
+    models:
+    """ + "".join(f"""  {m}:
+        cmd: {FAKE}
+    """ for m in models)
+
+
+def beat(node: str, age: float = 0.0, state: str = "running") -> None:
+    at = timezone.now() - dt.timedelta(seconds=age)
+    Node.objects.update_or_create(node=node, defaults={
+        "heartbeat_at": at, "started_at": at, "pid": 1, "state": state})
+
+
+def importer() -> str:
+    value = ProxySettings.objects.values_list("importer_node", flat=True).first() or ""
+    connection.close()  # the serves under test must not wait on this test's session
+    return value
+
+
+def model_ids() -> set[str]:
+    found = set(ModelDefinition.objects.values_list("model_id", flat=True))
+    connection.close()
+    return found
+
+
+# ---- the rule ----------------------------------------------------------------------------------
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_first_node_claims_the_role_and_keeps_it():
+    role = importer_role.claim("gpu-a")
+    assert (role.imports, role.importer, role.took_over) == (True, "gpu-a", False)
+    assert "gpu-a is now the importer" in role.note
+    assert ProxySettings.load().importer_node == "gpu-a"
+    assert importer_role.claim("gpu-a") == importer_role.Role(True, "gpu-a")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_another_node_does_not_import_while_the_importer_is_up():
+    ProxySettings.objects.update_or_create(pk=1, defaults={"importer_node": "gpu-a"})
+    beat("gpu-a")
+    assert importer_role.claim("gpu-b") == importer_role.Role(False, "gpu-a")
+    assert ProxySettings.load().importer_node == "gpu-a"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+@pytest.mark.parametrize(("row", "said"), [
+    ({"age": 60.0}, "which is down"),
+    ({"state": "stopped"}, "which is stopped"),
+    (None, "which is never seen in the fleet view"),
+])
+def test_a_node_takes_over_from_an_importer_that_is_not_up(row, said):
+    ProxySettings.objects.update_or_create(pk=1, defaults={"importer_node": "gpu-a"})
+    if row is not None:
+        beat("gpu-a", **row)
+    role = importer_role.claim("gpu-b")
+    assert (role.imports, role.importer, role.took_over) == (True, "gpu-b", True)
+    assert f"node gpu-b takes over importing the config from node gpu-a, {said}" in role.note
+    assert ProxySettings.load().importer_node == "gpu-b"
+
+
+@pytest.mark.django_db
+def test_admin_only_means_no_node_imports():
+    ProxySettings.objects.update_or_create(pk=1, defaults={"importer_node": "-"})
+    assert importer_role.claim("gpu-a") == importer_role.Role(False, "-")
+    message = importer_role.refusal("gpu-a", "-", "/etc/c.yaml")
+    assert "the admin alone writes the definitions" in message
+
+
+@pytest.mark.django_db
+def test_a_containers_new_host_name_takes_over_from_its_old_one():
+    ProxySettings.objects.update_or_create(pk=1, defaults={"importer_node": "old-host"})
+    role = importer_role.claim("new-host")  # a container's new host name, its old one gone
+    assert role.imports and role.importer == "new-host" and role.took_over
+
+
+# ---- real serves on one PostgreSQL database ----------------------------------------------------
+
+def start_refused(tmp_path: Path, cfg: Path, node: str,
+                  workers: int) -> subprocess.CompletedProcess:
+    """A serve that must refuse to start: its exit and output."""
+    env = {**os.environ, "DATABASE_URL": database_url(), "GPUPROXY_NODE": node,
+           "GPUPROXY_DATA_DIR": str(tmp_path / f"data-{node}")}
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("gpuproxy")), "serve", "--config", str(cfg),
+         "--listen", f"127.0.0.1:{free_port()}", "--workers", str(workers)],
+        capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_second_node_with_another_file_is_refused_and_with_the_same_one_starts(
+        serve, tmp_path: Path, serve_workers: int):
+    start = free_port()
+    first = serve(config(start, "alpha"), {"GPUPROXY_NODE": "node-a"})
+    until("node-a claims the role", lambda: importer() == "node-a", within=10)
+    until("node-a is up", lambda: "node-a" in {n.node for n in Node.objects.all()}, within=10)
+    connection.close()
+
+    other = tmp_path / "other" / "config.yaml"
+    other.parent.mkdir()
+    other.write_text(textwrap.dedent(config(start, "alpha", "beta")))
+    refused = start_refused(tmp_path, other, "node-b", serve_workers)
+    assert refused.returncode != 0
+    said = refused.stderr + refused.stdout
+    assert "differs from the definitions in the database" in said
+    assert "node node-a is the importer and is up" in said
+    assert "without --config" in said and "make node-b the importer in the admin" in said
+    assert model_ids() == {"alpha"}  # nothing written
+    assert importer() == "node-a"
+
+    second = serve(config(start, "alpha"), {"GPUPROXY_NODE": "node-b",
+                                            "GPUPROXY_DATA_DIR": str(tmp_path / "data-b")})
+    assert "nothing written (this node, node-b, does not import: node node-a" in second.output()
+    assert first.proc.poll() is None and importer() == "node-a"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_sighup_on_a_node_that_does_not_import_imports_nothing(serve, tmp_path: Path):
+    start = free_port()
+    text = config(start, "alpha")
+    serve(text, {"GPUPROXY_NODE": "node-a"})
+    until("node-a is up", lambda: "node-a" in {n.node for n in Node.objects.all()}, within=10)
+    second = serve(text, {"GPUPROXY_NODE": "node-b",
+                          "GPUPROXY_DATA_DIR": str(tmp_path / "data-b")})
+    hash_before = ConfigImport.last().content_hash
+    connection.close()
+
+    (tmp_path / "config.yaml").write_text(textwrap.dedent(config(start, "alpha", "gamma")))
+    second.proc.send_signal(signal.SIGHUP)
+    until("node-b refuses the changed file",
+          lambda: "SIGHUP: not imported" in second.output(), within=15)
+    second.proc.send_signal(signal.SIGHUP)  # the same change again: the refusal said once
+    until("node-b answers the second SIGHUP",
+          lambda: "still differs from the definitions' last import" in second.output(),
+          within=15)
+    assert second.output().count("SIGHUP: not imported") == 1
+    assert "node node-a is the importer and is up" in second.output()
+    assert model_ids() == {"alpha"}
+    assert ConfigImport.last().content_hash == hash_before
+    assert importer() == "node-a"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_node_takes_over_when_the_importer_is_down(serve, tmp_path: Path):
+    start = free_port()
+    first = serve(config(start, "alpha"), {"GPUPROXY_NODE": "node-a"})
+    until("node-a claims the role", lambda: importer() == "node-a", within=10)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(30) == 0
+
+    second = serve(config(start, "alpha", "beta"),
+                   {"GPUPROXY_NODE": "node-b", "GPUPROXY_DATA_DIR": str(tmp_path / "data-b")})
+    assert ("node node-b takes over importing the config from node node-a, which is stopped"
+            in second.output())
+    assert importer() == "node-b"
+    assert model_ids() == {"alpha", "beta"}
