@@ -54,13 +54,14 @@ GPUPROXY_TRUSTED_PROXIES reverse proxies (IPs and CIDR networks, comma-separated
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import socket
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from scheduling.nodes import NODE_NAME, NODE_NAME_RULE
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -112,9 +113,6 @@ def env_networks(name: str) -> tuple:
         raise ImproperlyConfigured(f"{name}={value!r}: {exc}") from None
 
 
-NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
-
-
 def env_node(name: str = "GPUPROXY_NODE", hostname: str | None = None) -> str:
     """This box's name in a fleet. It keys the one-instance lock and marks every activity
     row, so a bad value stops the start rather than being mangled into a name nobody chose;
@@ -124,16 +122,16 @@ def env_node(name: str = "GPUPROXY_NODE", hostname: str | None = None) -> str:
     if value is not None:
         if not NODE_NAME.fullmatch(value):
             raise ImproperlyConfigured(
-                f"{name}={value!r} is not a node name: use 1 to 63 letters, digits, '.', '-' "
-                f"or '_' (e.g. {name}=gpu-box-1), or unset it to use the host name")
+                f"{name}={value!r} is not a node name: use {NODE_NAME_RULE} "
+                f"(e.g. {name}=gpu-box-1), or unset it to use the host name")
         return value
     host = socket.gethostname() if hostname is None else hostname
     for candidate in (host, host.split(".", 1)[0]):
         if NODE_NAME.fullmatch(candidate):
             return candidate
     raise ImproperlyConfigured(
-        f"this machine's host name {host!r} is not a node name (1 to 63 letters, digits, "
-        f"'.', '-' or '_'): set {name} to one, e.g. {name}=gpu-box-1")
+        f"this machine's host name {host!r} is not a node name ({NODE_NAME_RULE}): "
+        f"set {name} to one, e.g. {name}=gpu-box-1")
 
 
 def sqlite_database(path: Path | str) -> dict:
