@@ -31,7 +31,8 @@ def proxy(serve):
 
 @pytest.mark.parametrize(("method", "path"), [
     ("GET", "/running"), ("GET", "/logs"), ("GET", "/logs/stream/solo"), ("GET", "/metrics"),
-    ("GET", "/api/queue"), ("GET", "/api/activity"), ("POST", "/api/models/load/solo"),
+    ("GET", "/api/queue"), ("GET", "/api/activity"), ("GET", "/api/fleet"),
+    ("POST", "/api/models/load/solo"),
     ("POST", "/api/models/unload"), ("GET", "/upstream/solo/health"), ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions")])
 def test_every_endpoint_but_health_needs_the_key(proxy, method, path):
