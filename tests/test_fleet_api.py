@@ -151,3 +151,17 @@ async def test_the_panels_path_takes_staff_who_may_view_nodes(client, settings):
     assert page.status_code == 200 and without_ages(page.json()) == without_ages(api.json())
     assert [n["status"] for n in page.json()["fleet"]] == ["up", "down", "stopped"]
     assert (await seen.post("/dashboard/fleet")).status_code == 405
+
+
+async def test_a_database_outage_is_a_503_that_says_so(client, monkeypatch):
+    async def unreachable(fn):
+        raise runtime.DatabaseUnavailable("the database is unreachable (connection refused)")
+
+    assert (await client.get("/api/fleet")).status_code == 200  # the proxy is up
+    monkeypatch.setattr(runtime, "run_db", unreachable)
+    r = await client.get("/api/fleet")
+    assert r.status_code == 503 and r["Retry-After"] == "5"
+    error = r.json()["error"]
+    assert error["code"] == "database_unavailable"
+    assert error["message"] == ("the fleet view cannot be read: the database is unreachable "
+                                "(connection refused); retry later")
