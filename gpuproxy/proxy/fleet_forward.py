@@ -125,11 +125,13 @@ async def elsewhere(ex: UpstreamExchange, route: Route, body: bytes, priority: i
     if route.kind not in ("model", "fleet"):
         return False
     not_here = route.kind == "fleet"
-    snap = await fleet_snapshot.current() if not forwarded(ex) else None
-    if snap is None:
-        if not_here:  # forwarding off, or a request already forwarded once
-            await _send_error(ex, 503, _not_here(route, forwarded(ex)), "model_not_on_this_node")
+    if forwarded(ex):
+        if not_here:  # the two nodes' views disagreed: it is not passed on
+            await _send_error(ex, 503, _one_hop(route), "model_not_on_this_node")
             return True
+        return False
+    snap = await fleet_snapshot.current()
+    if snap is None:  # forwarding off: the scheduler's 404 names the nodes that serve it
         return False
     choice = choose(route.target, settings.GPUPROXY_NODE, not not_here, _placed(ex, route),
                     snap.nodes, settings.GPUPROXY_FLEET_MARGIN)
@@ -152,15 +154,12 @@ def _placed(ex: UpstreamExchange, route: Route) -> tuple[str, ...]:
     return tuple(getattr(meta, "nodes", ()) or ())
 
 
-def _not_here(route: Route, was_forwarded: bool) -> str:
+def _one_hop(route: Route) -> str:
     nodes = ", ".join(getattr(route, "nodes", ()) or ()) or "other nodes"
-    why = ("this request was forwarded here by another node, and a request is forwarded at "
-           "most one hop (the two nodes' views of the fleet disagreed for a moment: send it "
-           "again)" if was_forwarded else
-           "forwarding between nodes is off here (GPUPROXY_FLEET_KEY is not set, or the "
-           "database is SQLite): send it to one of them")
     return (f"model {route.target!r} is served by {nodes}, not by node "
-            f"{settings.GPUPROXY_NODE!r}; {why}")
+            f"{settings.GPUPROXY_NODE!r}, and this request was forwarded here by another "
+            "node: a request is forwarded at most one hop (the two nodes' views of the fleet "
+            "disagreed for a moment); send it again")
 
 
 async def _send_error(ex: UpstreamExchange, status: int, message: str, code: str) -> None:
