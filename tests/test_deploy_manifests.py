@@ -11,9 +11,12 @@ files (promtool missing fails, never skips: scripts/ensure-test-tools installs i
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +91,13 @@ def test_every_document_has_its_kind_api_version_and_namespace():
 def test_every_variable_set_is_one_gpuproxy_reads():
     """A misspelt variable would be ignored without a word; POD_IP is only expanded into
     GPUPROXY_ADVERTISE by Kubernetes ($(POD_IP)), which the check requires."""
-    assert {"GPUPROXY_NODE", "DATABASE_URL", "GPUPROXY_FLEET_SECONDS"} <= DOCUMENTED
-    # Forwarding between nodes (issue 24, item 4a) is being added beside this change; until
-    # its settings are in settings.py's list, exactly these three names are let through.
-    documented = DOCUMENTED | {"GPUPROXY_ADVERTISE", "GPUPROXY_FLEET_KEY",
-                               "GPUPROXY_FLEET_MARGIN"}
+    assert {"GPUPROXY_NODE", "DATABASE_URL", "GPUPROXY_FLEET_SECONDS", "GPUPROXY_ADVERTISE",
+            "GPUPROXY_FLEET_KEY", "GPUPROXY_FLEET_MARGIN"} <= DOCUMENTED
     variables = env()
     helpers = {n for n in variables
                if any(f"$({n})" in str(e.get("value", "")) for e in variables.values())}
     assert helpers == {"POD_IP"}
-    assert set(variables) - helpers <= documented, set(variables) - helpers - documented
+    assert set(variables) - helpers <= DOCUMENTED, set(variables) - helpers - DOCUMENTED
     assert variables["GPUPROXY_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert variables["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert variables["GPUPROXY_ADVERTISE"]["value"] == "http://$(POD_IP):8080"
@@ -107,6 +107,55 @@ def test_every_variable_set_is_one_gpuproxy_reads():
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
         assert "value" not in variables[name]  # a secret never sits in the pod spec
     assert len(secret["stringData"]) == 3
+
+
+#: What the downward API would give one pod.
+NODE_NAME, POD_IP = "gpu-node-1", "10.244.1.7"
+SETTINGS = """
+import json, django
+django.setup()
+from django.conf import settings as s
+print(json.dumps({"node": s.GPUPROXY_NODE, "advertise": s.GPUPROXY_ADVERTISE,
+                  "margin": s.GPUPROXY_FLEET_MARGIN, "key": s.GPUPROXY_FLEET_KEY,
+                  "secret": s.SECRET_KEY, "grace": s.GPUPROXY_SHUTDOWN_GRACE,
+                  "hosts": s.GPUPROXY_ALLOWED_HOSTS, "engine": s.DATABASES["default"]["ENGINE"],
+                  "trusted": [str(n) for n in s.GPUPROXY_TRUSTED_PROXIES]}))
+"""
+
+
+def pod_environment() -> dict[str, str]:
+    """The container's environment as Kubernetes would make it: Secret keys read, the
+    downward API's fields filled in, `$(VAR)` expanded from the variables before it."""
+    secret = one("Secret")["stringData"]
+    fields = {"spec.nodeName": NODE_NAME, "status.podIP": POD_IP}
+    made: dict[str, str] = {}
+    for e in container()["env"]:
+        if "value" in e:
+            made[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: made[m.group(1)], e["value"])
+        elif "secretKeyRef" in e["valueFrom"]:
+            made[e["name"]] = secret[e["valueFrom"]["secretKeyRef"]["key"]]
+        else:
+            made[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    return made
+
+
+def test_gpuproxy_accepts_the_pods_environment(tmp_path: Path):
+    """The settings module, in a process of its own, with exactly the pod's variables: a
+    value it refuses (a short fleet key, a bad CIDR, a margin it cannot read) stops here."""
+    made = pod_environment()
+    env = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuproxy.settings", **made}
+    done = subprocess.run([sys.executable, "-c", SETTINGS], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["node"] == NODE_NAME
+    assert seen["advertise"].rstrip("/") == f"http://{POD_IP}:8080"
+    assert seen["margin"] == 4 and seen["grace"] == 30
+    assert seen["key"] == made["GPUPROXY_FLEET_KEY"]
+    assert seen["secret"] == made["GPUPROXY_SECRET_KEY"]  # shared, never generated per pod
+    assert seen["engine"].endswith(".postgresql")
+    assert ".gpuproxy.svc.cluster.local" in seen["hosts"]
+    assert seen["trusted"] == ["10.244.0.0/16"]
 
 
 def test_the_command_is_a_serve_with_the_configmaps_file_and_the_pods_port():
