@@ -74,6 +74,9 @@ def two_nodes(serve: Any, tmp_path: Path, env: dict[str, str] | None = None) -> 
     b = serve(config, {**FLEET, "GPUPROXY_NODE": "node-b", **(env or {}),
                        "GPUPROXY_DATA_DIR": str(tmp_path / "data-b")})
     until("both nodes publish their address", lambda: up("node-a", "node-b"), within=10)
+    urls = dict(Node.objects.values_list("node", "url"))
+    connection.close()
+    assert (urls["node-a"], urls["node-b"]) == (a.base, b.base)  # derived from --listen
     return a, b
 
 
@@ -329,3 +332,26 @@ def test_the_settings_refuse_what_cannot_work(monkeypatch, env, ok):
         with pytest.raises(ImproperlyConfigured) as err:
             read()
         assert "short" not in str(err.value)  # a key is never repeated back
+
+
+@pytest.mark.parametrize(("key", "said"), [("", True), (KEY, False)])
+async def test_a_serve_without_a_fleet_key_says_once_that_it_does_not_forward(
+        monkeypatch, settings, caplog, key, said):
+    from types import SimpleNamespace
+
+    from django.db import connections
+
+    from gpuproxy.shell import fleet as shell_fleet
+
+    async def run_db(fn: Any) -> None:
+        return None
+
+    settings.GPUPROXY_FLEET_KEY, settings.GPUPROXY_FLEET_SECONDS = key, 1
+    monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    monkeypatch.setattr(shell_fleet, "_listen", "127.0.0.1:8080")
+    publisher = shell_fleet.start(SimpleNamespace(inspect=lambda read: None), run_db)
+    assert publisher is not None and publisher._task is not None
+    publisher._task.cancel()
+    lines = [r.getMessage() for r in caplog.records if "forwarding between nodes" in r.message]
+    assert len(lines) == (1 if said else 0)
+    assert all("GPUPROXY_FLEET_KEY is not set" in line for line in lines)
