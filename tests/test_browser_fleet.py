@@ -71,7 +71,8 @@ def test_the_fleet_panel_shows_each_node_up_or_down(serve, browser):  # noqa: F8
 
     expect(gone.get_by_test_id("fleet-loaded")).to_have_text("mistral")
     expect(gone.get_by_test_id("fleet-in-flight")).to_have_text("2")
-    expect(gone.get_by_test_id("fleet-listen")).to_have_text("10.0.0.9:8080")
+    expect(gone.get_by_test_id("fleet-listen")).to_have_text("10.0.0.9:8080")  # no url
+    expect(here.get_by_test_id("fleet-listen")).to_have_text(proxy.base)  # its advertised url
     queued = gone.get_by_test_id("fleet-queued")
     expect(queued.locator("summary")).to_have_text("7")
     expect(queued).to_have_attribute(

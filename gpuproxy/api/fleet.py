@@ -44,6 +44,7 @@ def node_json(n: fleet_view.FleetNode) -> dict[str, Any]:
         "started_at": row.started_at.isoformat(),
         "version": row.version,
         "listen": row.listen,
+        "url": row.url,  # where the other nodes forward to (GPUPROXY_ADVERTISE)
         "pid": row.pid,
         "loaded": list(row.loaded or []),
         "queue": row.queue or {},

@@ -122,7 +122,10 @@
     var flying = row.querySelector("[data-testid=fleet-in-flight]");
     setText(flying, String(n.in_flight_total));
     flying.title = inFlightTitle(n.in_flight);
-    setText(row.querySelector("[data-testid=fleet-listen]"), n.listen || "—");
+    // the address other nodes forward to (GPUPROXY_ADVERTISE), else the --listen one
+    var address = row.querySelector("[data-testid=fleet-listen]");
+    setText(address, n.url || n.listen || "—");
+    address.title = n.url ? "advertised; listens on " + (n.listen || "?") : "";
     setText(row.querySelector("[data-testid=fleet-version]"), n.version || "—");
   }
 
