@@ -10,7 +10,9 @@ address HAProxy connects from).
 Every node serves `gpu/shared`, a peer model on one fake upstream the test starts: shared
 definitions hand each scheduled model one port for the whole fleet (import writes it into the
 command), so on one machine a scheduled model can run on one node only, while a peer model
-runs on every node with no process of its own. Each request carries a tag, as the body's
+runs on every node with no process of its own. That one is `solo`, placed on node A
+(`nodes: [node-a]`): a request for it that enters by B or C is forwarded to A with the fleet
+key, and A's scheduler orders them all. Each request carries a tag, as the body's
 `user` (the row's `end_user`) and as `X-Request-Id` (HAProxy's log line, next to the node it
 sent the request to), so each answer is matched with its row and its node independently of the
 code under test.
@@ -39,7 +41,7 @@ from django.db import connection
 
 from activity import fleet, writer
 from activity.models import RequestLog
-from tests.conftest import database_url, free_port
+from tests.conftest import FAKE, database_url, free_port
 from tests.helpers import open_gate, process_gone, tool, until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +55,7 @@ MODEL = "gpu/shared"
 # being written. SLACK covers that batch's COPY and the event loop's lag on a loaded 2-core box.
 FLUSH_S = 0.25
 SLACK = 0.25
+BATCH, INTERACTIVE = -100, 100  # X-LlamaSwap-Priority: the batch and interactive bands
 HELD = 6  # requests held in flight at the fake when node C is killed (leastconn: 2 a node)
 
 
@@ -107,6 +110,7 @@ class Answer:
     started: float  # time.monotonic() in the test
     ended: float
     error: str = ""
+    sent: float = 0.0  # time.time(): the database's rows are on the same machine's clock
 
 
 @dataclass
@@ -117,6 +121,7 @@ class Fleet:
     haproxy: subprocess.Popen
     haproxy_log: Path
     fake_port: int
+    solo_port: int  # node A's own model's fake upstream, started by node A
     answers: list[Answer] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,19 +130,19 @@ class Fleet:
                             transport=httpx.HTTPTransport(local_address=CLIENT))
 
     def chat(self, client: httpx.Client, tag: str, headers: dict[str, str] | None = None,
-             model: str = MODEL) -> Answer:
-        started = time.monotonic()
+             model: str = MODEL, into: list[Answer] | None = None) -> Answer:
+        started, sent = time.monotonic(), time.time()
         try:
             r = client.post("/v1/chat/completions",
                             headers={"X-Request-Id": tag, **(headers or {})},
                             json={"model": model, "max_tokens": 1, "user": tag,
                                   "messages": [{"role": "user", "content": "x"}]})
             answer = Answer(tag, r.status_code, started, time.monotonic(),
-                            "" if r.status_code == 200 else r.text[:300])
+                            "" if r.status_code == 200 else r.text[:300], sent)
         except httpx.HTTPError as exc:
-            answer = Answer(tag, None, started, time.monotonic(), repr(exc))
+            answer = Answer(tag, None, started, time.monotonic(), repr(exc), sent)
         with self.lock:
-            self.answers.append(answer)
+            (self.answers if into is None else into).append(answer)
         return answer
 
     def servers(self) -> dict[str, dict[str, str]]:
@@ -235,10 +240,15 @@ def three_boxes(tmp_path: Path, serve_workers: int) -> Iterator[Fleet]:
     try:
         until("the fake upstream answers", lambda: _answers(f"http://127.0.0.1:{fake_port}"))
         config = tmp_path / "config.yaml"
+        solo_port = free_port()  # `solo` is the only model whose cmd asks for ${PORT}
         config.write_text(f"""
-startPort: {free_port()}
+startPort: {solo_port}
 healthCheckTimeout: 15
-models: {{}}
+models:
+  solo:
+    cmd: {FAKE}
+    parallel: 1
+    nodes: [node-a]
 peers:
   gpu:
     proxy: http://127.0.0.1:{fake_port}
@@ -266,7 +276,7 @@ peers:
                                  stdout=haproxy_log.open("wb"), stderr=subprocess.STDOUT)
         started.append(proxy)
         box = Fleet(nodes, f"http://127.0.0.1:{front}", f"http://127.0.0.1:{stats}", proxy,
-                    haproxy_log, fake_port)
+                    haproxy_log, fake_port, solo_port)
 
         def checked_up() -> bool:
             if proxy.poll() is not None:
@@ -301,6 +311,13 @@ def _rows(tags: set[str]) -> list[RequestLog]:
     return found
 
 
+def _by_tag(rows: list[RequestLog]) -> dict[str, list[RequestLog]]:
+    found: dict[str, list[RequestLog]] = {}
+    for row in rows:
+        found.setdefault(row.end_user, []).append(row)
+    return found
+
+
 def _descendants(pid: int) -> list[int]:
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
@@ -321,6 +338,65 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
 
     up = until("all three nodes are up in the fleet view", all_up, within=10)
     assert {n: up[n].row.listen for n in NODES} == {n: nodes[n].listen for n in NODES}
+
+    # (b) node A's model, flooded with batch requests through the front door, then
+    # interactive ones; node A serves them in its priority order, whichever node they entered by
+    flood: list[Answer] = []
+
+    def send(tag: str, priority: int, gate: str | None = None) -> threading.Thread:
+        headers = {"X-LlamaSwap-Priority": str(priority), **({"X-Fake-Gate": gate} if gate else {})}
+
+        def run() -> None:
+            with box.client() as client:
+                box.chat(client, tag, headers, model="solo", into=flood)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def on_a(band: str | None = None) -> dict:
+        row = _fleet()["node-a"].row
+        return (row.queue.get("solo", {}).get(band, {}) if band else row.in_flight) or {}
+
+    blocker = send(f"b-blocker-{uuid.uuid4().hex[:8]}", 0, gate="blocker")
+    until("node A serves the blocker (its one slot taken)",
+          lambda: on_a().get("solo") == 1, within=30)
+    batch = [f"b-batch-{i}-{uuid.uuid4().hex[:8]}" for i in range(8)]
+    threads = [send(t, BATCH) for t in batch]
+    until("the batch flood waits on node A", lambda: on_a("batch").get("depth") == len(batch))
+    interactive = [f"b-interactive-{i}-{uuid.uuid4().hex[:8]}" for i in range(4)]
+    threads += [send(t, INTERACTIVE) for t in interactive]
+    until("the interactive requests wait on node A",
+          lambda: on_a("interactive").get("depth") == len(interactive))
+    open_gate(box.solo_port, "blocker")
+    for t in [blocker, *threads]:
+        t.join(60)
+    assert all(a.status == 200 for a in flood), [a for a in flood if a.status != 200]
+    entered = box.routed()
+    tags = {a.tag for a in flood}
+    served = until("node A's rows are written", lambda: (
+        lambda found: found if set(found) == tags else None)(_by_tag(_rows(tags))))
+    assert {t: len(r) for t, r in served.items()} == {a.tag: 1 for a in flood}
+    row = {t: r[0] for t, r in served.items()}
+    assert {r.node for r in row.values()} == {"node-a"}
+    # every interactive request was dispatched before every batch request that waited with it
+    assert max(row[t].dispatched_at for t in interactive) < min(
+        row[t].dispatched_at for t in batch)
+    # forwarded or not, each keeps the priority it entered with, and its age from its arrival
+    # at the node it entered by; the row names that node when it is not node A
+    sent = {a.tag: a.sent for a in flood}
+    for tags, priority, band in ((batch, BATCH, "batch"), (interactive, INTERACTIVE,
+                                                          "interactive")):
+        for t in tags:
+            r = row[t]
+            assert (r.priority, r.band, r.client_ip) == (priority, band, CLIENT), t
+            assert r.entry_node == ("" if entered[t] == "node-a" else entered[t]), (
+                t, r.entry_node, entered[t])
+            assert abs(r.received_at.timestamp() - sent[t]) < 0.5, t
+            waited = r.dispatched_at.timestamp() - sent[t]
+            assert r.queue_wait_ms >= (waited - 0.25) * 1000, (t, r.queue_wait_ms, waited)
+    forwarded = {t for t in [*batch, *interactive] if entered[t] != "node-a"}
+    assert forwarded & set(batch) and forwarded & set(interactive), entered
 
     # (c) node C SIGKILLed mid-run: requests held in flight on every node, and a stream of
     # short ones through the front door around the kill
@@ -420,9 +496,7 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
     survivors = {t for t, a in answers.items() if a.status == 200 and routed[t] != "node-c"}
     rows: list[RequestLog] = until("the survivors' rows are written", lambda: (
         lambda r: r if survivors <= {x.end_user for x in r} else None)(_rows(set(answers))))
-    by_tag: dict[str, list[RequestLog]] = {}
-    for row in rows:
-        by_tag.setdefault(row.end_user, []).append(row)
+    by_tag = _by_tag(rows)
     twice = {t: len(r) for t, r in by_tag.items() if len(r) != 1}
     assert not twice, twice
     wrong = {t: (r[0].node, routed.get(t)) for t, r in by_tag.items()
