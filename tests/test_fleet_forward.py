@@ -355,3 +355,40 @@ async def test_a_serve_without_a_fleet_key_says_once_that_it_does_not_forward(
     lines = [r.getMessage() for r in caplog.records if "forwarding between nodes" in r.message]
     assert len(lines) == (1 if said else 0)
     assert all("GPUPROXY_FLEET_KEY is not set" in line for line in lines)
+
+
+async def test_the_snapshot_is_read_off_the_loop_and_a_stale_one_trusts_no_other_node(
+        monkeypatch, settings):
+    from django.db import connections
+
+    from gpuproxy.proxy import fleet_snapshot
+    from scheduling.fleet_route import NodeView
+
+    settings.GPUPROXY_FLEET_KEY, settings.GPUPROXY_NODE = KEY, "node-a"
+    settings.GPUPROXY_FLEET_SECONDS, settings.GPUPROXY_FLEET_DOWN_SECONDS = 0.05, 3
+    monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    threads: list[str] = []
+    fleet = (NodeView("node-a", "http://a:1", "up"), NodeView("node-b", "http://b:1", "up"))
+
+    def read() -> tuple[NodeView, ...]:
+        threads.append(threading.current_thread().name)
+        return fleet
+
+    monkeypatch.setattr(fleet_snapshot, "read", read)
+    monkeypatch.setattr(fleet_snapshot, "_state", {})
+    try:
+        snap = await fleet_snapshot.current()
+        assert snap is not None and snap.nodes == fleet
+        assert threads and all(t.startswith("fleet-snapshot") for t in threads)
+        # the database away for longer than a heartbeat may be missed: node-b is unknown
+        fleet_snapshot._state["snapshot"] = fleet_snapshot.Snapshot(fleet, time.monotonic() - 4)
+        monkeypatch.setattr(fleet_snapshot, "read", lambda: 1 / 0)
+        stale = await fleet_snapshot.current()
+        assert stale is not None
+        assert [n.status for n in stale.nodes] == ["up", fleet_snapshot.UNREADABLE]
+        settings.GPUPROXY_FLEET_KEY = ""
+        assert await fleet_snapshot.current() is None  # off: nothing read, nothing decided
+    finally:
+        task = fleet_snapshot._state.get("task")
+        if task is not None:
+            task.cancel()

@@ -114,12 +114,3 @@ async def current(first_within: float = 2.0) -> Snapshot | None:
                                          for n in snap.nodes))
     return snap
 
-
-async def stop() -> None:
-    """Tests: end this process's reader (its loop is about to close)."""
-    task = _state.pop("task", None)
-    if isinstance(task, asyncio.Task):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-            await task
-    _state.clear()
