@@ -45,7 +45,8 @@ logger = logging.getLogger("activity.captures")
 ROW_KEY = "capture"
 REDACTED = "[REDACTED]"
 SENSITIVE = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie",
-                       b"x-api-key", b"x-csrftoken"})
+                       b"x-api-key", b"x-csrftoken",
+                       b"x-gpuproxy-fleet"})  # the fleet's key (gpuproxy/proxy/fleet_forward)
 
 REQ_HEADERS, REQ_BODY, RESP_HEADERS, RESP_BODY = 1, 2, 4, 8
 ALL = REQ_HEADERS | REQ_BODY | RESP_HEADERS | RESP_BODY

@@ -392,3 +392,11 @@ async def test_the_snapshot_is_read_off_the_loop_and_a_stale_one_trusts_no_other
         task = fleet_snapshot._state.get("task")
         if task is not None:
             task.cancel()
+
+
+def test_a_capture_never_holds_the_fleet_key():
+    from activity.captures import REDACTED, header_map
+
+    got = header_map([(b"X-GpuProxy-Fleet", KEY.encode()), (b"X-GpuProxy-Entry-Node", b"a")])
+    assert got == {"X-Gpuproxy-Fleet": REDACTED, "X-Gpuproxy-Entry-Node": "a"}
+    assert fleet_forward.FLEET_HEADER == b"x-gpuproxy-fleet"  # the name captures redact
