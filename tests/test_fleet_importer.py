@@ -188,3 +188,27 @@ def test_a_node_takes_over_when_the_importer_is_down(serve, tmp_path: Path):
             in second.output())
     assert importer() == "node-b"
     assert model_ids() == {"alpha", "beta"}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_watch_config_on_a_node_that_does_not_import_refuses_each_change_once(
+        serve, tmp_path: Path):
+    start = free_port()
+    text = config(start, "alpha")
+    serve(text, {"GPUPROXY_NODE": "node-a"})
+    until("node-a is up", lambda: "node-a" in {n.node for n in Node.objects.all()}, within=10)
+    connection.close()
+    second = serve(text, {"GPUPROXY_NODE": "node-b",
+                          "GPUPROXY_DATA_DIR": str(tmp_path / "data-b")},
+                   args=("-watch-config",))
+    until("node-b watches its file", lambda: "-watch-config)" in second.output(), within=15)
+
+    (tmp_path / "config.yaml").write_text(textwrap.dedent(config(start, "alpha", "gamma")))
+    until("node-b refuses the change", lambda: "-watch-config: the file changed: not imported"
+          in second.output(), within=15)
+    assert model_ids() == {"alpha"}
+    (tmp_path / "config.yaml").write_text(textwrap.dedent(config(start, "alpha", "delta")))
+    until("node-b refuses the next change too", lambda: second.output().count(
+        "-watch-config: the file changed: not imported") == 2, within=15)
+    assert model_ids() == {"alpha"} and importer() == "node-a"
