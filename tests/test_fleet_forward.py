@@ -219,13 +219,12 @@ def test_a_shorter_queue_elsewhere_takes_a_local_request_with_its_priority_and_a
     try:
         held = Chat(a.base, "gamma", gate="g")  # gamma's one slot, held by the fake upstream
         until("gamma is busy on node-a", lambda: _in_flight("node-a", "gamma"), within=20)
+        # while gamma loaded, the held request was waiting: a snapshot of then would send
+        # the next one away. Every request process sees the queue empty first.
+        settled("node-a", 0)
         queued = Chat(a.base, "gamma", gate="g")  # waits on node-a: its queue is 1
-        until("node-a publishes a queue of 1", lambda: _waiting("node-a") >= 1, within=10)
-        # node-a's request process reads the fleet once a second: two heartbeats later its
-        # snapshot has the queue too
-        seen = _beat("node-a")
-        until("two more heartbeats", lambda: (_beat("node-a") - seen).total_seconds() > 1.5
-              and _waiting("node-a") >= 1, within=10)
+        settled("node-a", 1)
+        assert node.seen == []  # nothing went to node-f while the queues were level
         sent = time.time()
         r = a.http.post("/v1/chat/completions", json=chat("gamma"),
                         headers={"X-LlamaSwap-Priority": "5", "Cookie": "sessionid=s"})
@@ -251,6 +250,16 @@ def _in_flight(name: str, model: str) -> bool:
     row = Node.objects.filter(node=name).first()
     connection.close()
     return row is not None and bool(row.in_flight.get(model))
+
+
+def settled(name: str, waiting: int) -> None:
+    """The node publishes `waiting` requests waiting, and keeps doing so for two more
+    heartbeats: by then each request process's snapshot (read once a second) has it."""
+    until(f"{name} publishes {waiting} waiting", lambda: _waiting(name) == waiting, within=10)
+    seen = _beat(name)
+    until("two more heartbeats", lambda: (_beat(name) - seen).total_seconds() > 1.5,
+          within=10)
+    assert _waiting(name) == waiting
 
 
 def _beat(name: str) -> dt.datetime:
