@@ -242,8 +242,8 @@ class RequestLogAdmin(ReadOnlyLog):
     readonly_fields = (*ALL_FIELDS, "score_breakdown",
                        *(f"{f}_shown" for f in (*TIMES, *DURATIONS)))
     fieldsets = (
-        (None, {"fields": ("request_id", "node", "outcome", "status_code", "error", "client",
-                           "client_ip", "end_user", "user_agent")}),
+        (None, {"fields": ("request_id", "node", "entry_node", "outcome", "status_code",
+                           "error", "client", "client_ip", "end_user", "user_agent")}),
         ("Request", {"fields": ("method", "path", "endpoint", "model_requested", "model",
                                 "stream", "upstream_retries")}),
         ("Scheduling", {"fields": ("scheduler", "priority_asked", "priority", "band", "score",
