@@ -372,8 +372,9 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
     for t in [blocker, *threads]:
         t.join(60)
     assert all(a.status == 200 for a in flood), [a for a in flood if a.status != 200]
-    entered = box.routed()
     tags = {a.tag for a in flood}
+    entered = until("HAProxy logged the flood", lambda: (
+        lambda r: r if tags <= set(r) else None)(box.routed()))
     served = until("node A's rows are written", lambda: (
         lambda found: found if set(found) == tags else None)(_by_tag(_rows(tags))))
     assert {t: len(r) for t, r in served.items()} == {a.tag: 1 for a in flood}
@@ -385,9 +386,9 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
     # forwarded or not, each keeps the priority it entered with, and its age from its arrival
     # at the node it entered by; the row names that node when it is not node A
     sent = {a.tag: a.sent for a in flood}
-    for tags, priority, band in ((batch, BATCH, "batch"), (interactive, INTERACTIVE,
-                                                          "interactive")):
-        for t in tags:
+    for group, priority, band in ((batch, BATCH, "batch"),
+                                  (interactive, INTERACTIVE, "interactive")):
+        for t in group:
             r = row[t]
             assert (r.priority, r.band, r.client_ip) == (priority, band, CLIENT), t
             assert r.entry_node == ("" if entered[t] == "node-a" else entered[t]), (
@@ -424,8 +425,8 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
     for t in streams:
         t.start()
     # long enough that node C has answered far more than its last flush interval's worth
-    until("node C has answered 150 of the stream", lambda: sum(
-        1 for t, n in box.routed().items() if n == "node-c" and t.startswith("s")) >= 150,
+    until("node C has answered 300 of the stream", lambda: sum(
+        1 for t, n in box.routed().items() if n == "node-c" and t.startswith("s")) >= 300,
         within=60)
 
     victim = nodes["node-c"]
@@ -466,9 +467,13 @@ def test_three_boxes_behind_haproxy(three_boxes: Fleet):
 
     # ---- what happened, by HAProxy's log and the shared activity table
     answers = {a.tag: a for a in box.answers}
-    routed = until("HAProxy logged every request it answered", lambda: (
-        lambda r: r if {t for t, a in answers.items() if a.status is not None} <= set(r)
-        else None)(box.routed()))
+    answered = {t for t, a in answers.items() if a.status is not None}
+    deadline = time.monotonic() + 20
+    while not answered <= set(routed := box.routed()):
+        if time.monotonic() > deadline:
+            pytest.fail("HAProxy logged no line for these answers: " + repr(
+                [answers[t] for t in answered - set(routed)]))
+        time.sleep(0.05)
     assert len(answers) == len(box.answers)  # tags are unique
     failed = [a for a in answers.values() if a.status != 200]
     # Only requests in flight on node C fail: each ended after the kill and started before
