@@ -55,6 +55,16 @@ def test_the_listen_name_is_answered():
         exposure._listen_names.discard("gpubox-listen.lan")
 
 
+def test_the_advertised_name_is_answered():
+    # another node forwards with Host: the name in this node's GPUPROXY_ADVERTISE
+    # (docs/fleet.md, "Forwarding between nodes")
+    assert host_refusal("gpu-b.lan:8080") is not None
+    with override_settings(GPUPROXY_ADVERTISE="http://GPU-B.lan:8080"):
+        assert host_refusal("gpu-b.lan:8080") is None
+        assert host_refusal("gpu-c.lan:8080") is not None
+    assert host_refusal("gpu-b.lan:8080") is not None
+
+
 @pytest.mark.parametrize(("value", "expected"), [
     ("http://LOCALHOST:80", "http://localhost"), ("https://a.example:443", "https://a.example"),
     ("http://[::1]:8080", "http://[::1]:8080"), ("https://a.example:8443", "https://a.example:8443"),

@@ -120,18 +120,24 @@ def machine_names() -> tuple[str, ...]:
     return _machine_names
 
 
-_patterns: tuple[Any, tuple[str, ...]] | None = None  # (the setting's list, the patterns)
+# (the allowed hosts setting, the advertised URL, the patterns)
+_patterns: tuple[Any, str, tuple[str, ...]] | None = None
 
 
 def allowed_host_patterns() -> tuple[str, ...]:
     """Django's ALLOWED_HOSTS spelling: a name, `.example.com` for it and its subdomains, `*`.
-    Rebuilt when the setting is replaced (tests) or a listen name is added."""
+    The name in GPUPROXY_ADVERTISE is this node's too: the other nodes send it as the Host of
+    every request they forward here. Rebuilt when a setting is replaced (tests) or a listen
+    name is added."""
     global _patterns
     extra = getattr(settings, "GPUPROXY_ALLOWED_HOSTS", ())
-    if _patterns is None or _patterns[0] is not extra:
-        _patterns = (extra, ("localhost", ".localhost", *machine_names(),
-                             *sorted(_listen_names), *extra))
-    return _patterns[1]
+    advertised = getattr(settings, "GPUPROXY_ADVERTISE", "")
+    if _patterns is None or _patterns[0] is not extra or _patterns[1] != advertised:
+        name = (urlsplit(advertised).hostname or "").rstrip(".") if advertised else ""
+        _patterns = (extra, advertised, (
+            "localhost", ".localhost", *machine_names(), *sorted(_listen_names),
+            *([name] if name and not _is_ip(name) else []), *extra))
+    return _patterns[2]
 
 
 def _is_ip(domain: str) -> bool:
