@@ -409,3 +409,20 @@ def test_a_capture_never_holds_the_fleet_key():
     got = header_map([(b"X-GpuProxy-Fleet", KEY.encode()), (b"X-GpuProxy-Entry-Node", b"a")])
     assert got == {"X-Gpuproxy-Fleet": REDACTED, "X-Gpuproxy-Entry-Node": "a"}
     assert fleet_forward.FLEET_HEADER == b"x-gpuproxy-fleet"  # the name captures redact
+
+
+def test_with_keys_a_forward_without_a_key_is_let_in_by_the_fleet_key_alone(serve, tmp_path):
+    """The entry node let the caller in (a key, or a staff session whose cookie never
+    travels): with keys defined here too, the fleet key is the forward's credential, at the
+    edge and in the consumer; without it, the same request is a 401."""
+    config = placed(free_port()).replace("models:", "apiKeys: [sk-client-key-0001]\n    models:")
+    b = serve(config, {**FLEET, "GPUPROXY_NODE": "node-b"})
+    r = b.http.post("/v1/chat/completions", json=chat("beta"))
+    assert r.status_code == 401, r.text  # no key, no fleet key
+    r = b.http.post("/v1/chat/completions", json=chat("beta"), headers={
+        "X-GpuProxy-Fleet": KEY, "X-GpuProxy-Entry-Node": "node-a",
+        "X-GpuProxy-Client": "staff:admin", "X-LlamaSwap-Priority": "5"})
+    assert r.status_code == 200, r.text
+    found = until("the forward's row", lambda: next(
+        (row for row in rows() if row.entry_node), None), 10)
+    assert (found.client, found.entry_node, found.priority) == ("staff:admin", "node-a", 5)

@@ -268,7 +268,7 @@ class ProxyConsumer(UpstreamExchange):
         who = await staff_session.authorize_proxy(  # a key, or a staff session's
             self.scope, headers, catalog.api_keys, catalog.admin_keys,
             admin=proxy_path_needs_admin(path))
-        if isinstance(who, KeyRefusal):
+        if isinstance(who, KeyRefusal) and not isinstance(hop, fleet_forward.Hop):
             if who.caller is not None:
                 self.rec.client = who.caller.name
             await self.send_json(who.status, error_body(who.message, who.type, who.code),
@@ -276,7 +276,7 @@ class ProxyConsumer(UpstreamExchange):
                                   for k, v in who.headers.items()],
                                  outcome=outcomes.UNAUTHORIZED)
             return
-        if who is not None:  # None: no keys, no staff session; the defaults stand
+        if isinstance(who, tuple):  # None: no keys, no staff session; a refusal: a node's hop
             self.rec.client, self._drop = who
         self._drop |= fleet_forward.OWN_HEADERS  # never relayed further
         if hop is not None:  # the caller and the arrival as the entry node knew them

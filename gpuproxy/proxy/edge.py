@@ -175,7 +175,7 @@ def _keys() -> tuple[dict[str, str], frozenset[str]]:
 
 def _key_refusal(request: Any, path: str, keys: dict[str, str],
                  admin_keys: frozenset[str]) -> Refusal | None:
-    from gpuproxy.proxy import staff_session
+    from gpuproxy.proxy import fleet_forward, staff_session
     from gpuproxy.proxy.auth import KeyRefusal, authorize
 
     if not keys:
@@ -188,7 +188,8 @@ def _key_refusal(request: Any, path: str, keys: dict[str, str],
     x_api_key = (headers.getRawHeaders(b"x-api-key") or [b""])[0]
     verdict = authorize(authorization.decode("latin-1"), x_api_key.decode("latin-1"), keys,
                         admin_keys, admin=need == ADMIN, path=path)
-    if isinstance(verdict, KeyRefusal) and not staff_session.at_edge(request, path, need == ADMIN):
+    if (isinstance(verdict, KeyRefusal) and not staff_session.at_edge(request, path, need == ADMIN)
+            and not fleet_forward.at_edge(headers)):  # a node's forward: the entry node's word
         return Refusal(verdict.status, verdict.code, verdict.message, verdict.type,
                        verdict.headers, outcome=outcomes.UNAUTHORIZED)
     return None

@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import httpx
@@ -110,6 +111,15 @@ def hop_of(headers: Mapping[bytes, bytes]) -> Hop | Refused | None:
                priority=_int(headers.get(PRIORITY_HEADER)) or 0,
                asked=_int(headers.get(ASKED_HEADER)),
                age=carried_age(headers.get(ARRIVED_HEADER), time.time()))
+
+
+def at_edge(headers: Any) -> bool:
+    """Whether the edge lets a request without a key through to the consumer: a node's
+    forward with this node's key. The entry node let its caller in (a key, or a staff session
+    whose cookie never travels); the consumer takes the caller from the hop (`hop_of`)."""
+    raw = headers.getRawHeaders(FLEET_HEADER) or []
+    key = settings.GPUPROXY_FLEET_KEY
+    return bool(key and len(raw) == 1 and hmac.compare_digest(raw[0], key.encode()))
 
 
 def forwarded(ex: UpstreamExchange) -> bool:
