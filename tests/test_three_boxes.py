@@ -1,7 +1,8 @@
 """Three boxes on one machine (issue 24, item 5): three real `gpuproxy serve` nodes on their
 own loopback addresses (127.0.0.2, .3, .4), each with its own GPUPROXY_NODE and data dir, one
 PostgreSQL database (the test's), and HAProxy in front on 127.0.0.1 with the shipped
-deploy/haproxy/haproxy.cfg, unchanged (its addresses come from the environment).
+deploy/haproxy/haproxy.cfg, unchanged (its addresses come from the environment; a second
+file adds `nbthread 1`, so that no log line is dropped: see the fixture).
 
 The clients connect from 127.0.0.9, so the rows' `client_ip` shows that HAProxy's
 X-Forwarded-For reached the nodes and was believed (GPUPROXY_TRUSTED_PROXIES=127.0.0.1, the
@@ -10,7 +11,7 @@ address HAProxy connects from).
 Every node serves `gpu/shared`, a peer model on one fake upstream the test starts: shared
 definitions hand each scheduled model one port for the whole fleet (import writes it into the
 command), so on one machine a scheduled model can run on one node only, while a peer model
-runs on every node with no process of its own. That one is `solo`, placed on node A
+runs on every node with no process of its own. The one scheduled model is `solo`, on node A
 (`nodes: [node-a]`): a request for it that enters by B or C is forwarded to A with the fleet
 key, and A's scheduler orders them all. Each request carries a tag, as the body's
 `user` (the row's `end_user`) and as `X-Request-Id` (HAProxy's log line, next to the node it
