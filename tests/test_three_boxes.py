@@ -69,7 +69,8 @@ def test_the_flush_interval_is_the_writers():
 
 def test_haproxy_accepts_the_shipped_configuration():
     haproxy = tool("haproxy", "haproxy")
-    env = {**os.environ, "GPUPROXY_NODE_A": "10.0.0.11:8080", "GPUPROXY_NODE_B": "10.0.0.12:8080"}
+    env = {**os.environ, "GPUPROXY_NODE_A": "10.0.0.11:8080", "GPUPROXY_NODE_B": "10.0.0.12:8080",
+           "GPUPROXY_NODE_C": "10.0.0.13:8080"}
     proc = subprocess.run([haproxy, "-c", "-f", str(CONFIG)], env=env, capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
