@@ -148,15 +148,16 @@ class Reimporter:
         from gpuproxy.management import importer_role
 
         node = settings.GPUPROXY_NODE
-        role = importer_role.claim(node)
+        with importer_role.claiming(node) as role:  # the claim and the import: one commit
+            if role.imports:
+                outcome: ImportReport | _Refused | None = self.source.import_now()
+            else:
+                fingerprint = self.source.fingerprint()
+                outcome = (None if importer_role.same_as_last_import(fingerprint) else
+                           _Refused(fingerprint or "(unreadable)", importer_role.refusal(
+                               node, role.importer, str(self.source))))
         role.log()
-        if role.imports:
-            return self.source.import_now()
-        fingerprint = self.source.fingerprint()
-        if importer_role.same_as_last_import(fingerprint):
-            return None
-        return _Refused(fingerprint or "(unreadable)", importer_role.refusal(
-            node, role.importer, str(self.source)))
+        return outcome
 
     def watch(self, every: float = WATCH_EVERY) -> None:
         """`-watch-config`: poll the file (or directory) and re-import when it changes."""

@@ -79,6 +79,19 @@ def node_key(node: str) -> int:
     return crc - (1 << 32) if crc >= 1 << 31 else crc
 
 
+# Some session of this database holds the node's lock: a serve of that node runs (from before
+# its setup until its process ends). The importer rule's liveness (management/importer_role).
+NODE_HELD = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+             "AND classid = %s AND objid = %s AND objsubid = 2 AND granted "
+             "AND pid <> pg_backend_pid() AND database = "
+             "(SELECT oid FROM pg_database WHERE datname = current_database()))")
+
+
+def node_held_params(node: str) -> list[int]:
+    """NODE_HELD's parameters for `node` (pg_locks shows the key unsigned)."""
+    return [LOCK_KEY, node_key(node) & 0xFFFFFFFF]
+
+
 class SetupTimeout(RuntimeError):
     """Another node held the database's setup lock for longer than this one would wait."""
 
@@ -337,6 +350,24 @@ class InstanceLock:
             yield
         finally:
             conn.close()  # the session's advisory lock goes with it
+
+    def wait_taken_over(self, within: float, stop: threading.Event) -> bool:
+        """After `release()`: wait until another session holds this node's lock (under
+        `serve --workers N` the supervisor lets go and its scheduler process takes it), at
+        most `within` seconds or until `stop`. False when that did not happen."""
+        if self.database is None:
+            return False
+        deadline = time.monotonic() + within
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                while not conn.execute(NODE_HELD, node_held_params(self.node)).fetchone()[0]:
+                    if time.monotonic() > deadline or stop.wait(0.05):
+                        return False
+        except Exception as exc:
+            logger.warning("could not see the scheduler process take the lock of the node %r: "
+                           "%s", self.node, _one_line(exc))
+            return False
+        return True
 
     def _wait_for_setup(self, conn: Any, wait: float, holder: str) -> None:
         from psycopg import errors

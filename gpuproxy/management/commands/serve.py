@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -207,23 +209,26 @@ class Command(BaseCommand):
         if tls is not None:
             tls_context(*tls)  # a bad file stops here, before anything starts
         lock = self.lock_instance()
+        setup = contextlib.ExitStack()
         try:
-            with lock.setup(say=self.stderr.write):  # one node of the database at a time
-                if not options["no_migrate"]:
-                    call_command("migrate", interactive=False, verbosity=0)
-                if source is not None:
-                    self.import_config(source, force=options["force_import"])
+            setup.enter_context(lock.setup(say=self.stderr.write))  # one node at a time
+            if not options["no_migrate"]:
+                call_command("migrate", interactive=False, verbosity=0)
+            if source is not None:
+                self.import_config(source, force=options["force_import"])
         except SetupTimeout as exc:
             lock.release()
             raise CommandError(str(exc)) from None
         except BaseException:
+            setup.close()
             lock.release()
             raise
         if count == 1:
+            setup.close()
             self.serve_requests(host, port, lock, tls=tls, source=source,
                                 watch=options["watch_config"])
             return
-        self.supervise(host, port, count, lock, tls, source, options["watch_config"])
+        self.supervise(host, port, count, lock, tls, source, options["watch_config"], setup)
 
     @staticmethod
     def config_source(options: dict[str, Any]) -> ConfigSource | None:
@@ -256,7 +261,7 @@ class Command(BaseCommand):
 
     def supervise(self, host: str, port: int, count: int, lock: InstanceLock,
                   tls: tuple[str, str] | None, source: ConfigSource | None,
-                  watch: bool) -> None:
+                  watch: bool, setup: contextlib.ExitStack) -> None:
         from django.conf import settings
 
         from gpuproxy.management.workers import Supervisor, listening_socket
@@ -264,16 +269,35 @@ class Command(BaseCommand):
         try:
             sock = listening_socket(host, port)
         except OSError as exc:
+            setup.close()
             lock.release()
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. Stop "
                                "what holds the port, or pass another --listen HOST:PORT."
                                ) from None
         # The scheduler process takes the lock itself; this one only made sure it was free.
+        # Until it holds it, a node starting beside this one would find no serve of this node
+        # and take the importer role (gpuproxy/management/importer_role.py): the setup lock,
+        # which that node's claim waits for, is held until the handover is done.
         lock.release()
+        done, once = threading.Event(), threading.Lock()
+
+        def let_setup_go() -> None:
+            with once:
+                setup.close()
+
+        def hand_over() -> None:
+            lock.wait_taken_over(120.0, done)  # the scheduler process's own start limit
+            let_setup_go()
+
+        threading.Thread(target=hand_over, name="setup-handover", daemon=True).start()
         hub = settings.DATA_DIR / "scheduler.sock"
         supervisor = Supervisor(host, port, sock, count, hub, settings.GPUPROXY_SHUTDOWN_GRACE,
                                 tls=tls, config=source.path if source else None, watch=watch)
-        supervisor.run()
+        try:
+            supervisor.run()
+        finally:
+            done.set()
+            let_setup_go()
         if supervisor.failure is not None:
             raise CommandError(supervisor.failure)
         logger.info("gpuproxy stopped")
@@ -427,23 +451,24 @@ class Command(BaseCommand):
         from scheduling.nodes import ADMIN_ONLY
 
         node = settings.GPUPROXY_NODE
-        role = importer_role.claim(node)
+        try:
+            with importer_role.claiming(node) as role:  # the claim and the import: one commit
+                report = source.import_now(force=force) if role.imports else None
+                if report is None and not importer_role.same_as_last_import(
+                        source.fingerprint()):
+                    raise CommandError(importer_role.refusal(node, role.importer, str(source)))
+        except ConfigError as exc:
+            raise CommandError(f"{source}: {exc}; nothing was changed") from None
+        except OSError as exc:
+            raise CommandError(f"{source}: cannot read it: {exc.strerror or exc}") from None
         role.log()
-        if not role.imports:
-            if not importer_role.same_as_last_import(source.fingerprint()):
-                raise CommandError(importer_role.refusal(node, role.importer, str(source)))
+        if report is None:
             who = ("the admin" if role.importer == ADMIN_ONLY
                    else f"node {role.importer}")
             self.stdout.write(f"{source}: the same as the definitions' last import; nothing "
                               f"written (this node, {node}, does not import: {who} writes "
                               "the definitions)")
             return
-        try:
-            report = source.import_now(force=force)
-        except ConfigError as exc:
-            raise CommandError(f"{source}: {exc}; nothing was changed") from None
-        except OSError as exc:
-            raise CommandError(f"{source}: cannot read it: {exc.strerror or exc}") from None
         for warning in report.warnings:
             self.stderr.write(f"warning: {warning}")
         if report.unchanged:
