@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from activity import captures, events, outcomes
 from activity.models import ModelEvent, RequestLog
-from gpuproxy.api.decorators import api_view, json_error
+from gpuproxy.api.decorators import api_view, json_error, staff_refusal
 from gpuproxy.shell import runtime
 
 DEFAULT_LIMIT = 100
@@ -442,18 +442,11 @@ PAGE_QUERIES = {"rows": list_query, "stats": stats_query}
 async def page_data(request: HttpRequest, what: str) -> HttpResponse:
     """`rows` or `stats`: what `/api/activity` or `/api/activity/stats` answers to the same
     query string, errors included; for an active staff member's session only."""
-    user = await request.auser()
-    if not (user.is_active and user.is_staff):
-        return json_error(403, "log in as staff (the admin's login) to read the activity log",
-                          type_="permission_error", code="staff_required")
-    if not await user.ahas_perm("activity.view_requestlog"):  # as the admin's request log
-        return json_error(403, "your account may not view the activity log: a superuser can "
-                               "grant it the permission 'activity | request log | Can view "
-                               "request log' in the admin",
-                          type_="permission_error", code="permission_required")
-    if request.method != "GET":
-        return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
-                          code="method_not_allowed", headers={"Allow": "GET"})
+    if refusal := await staff_refusal(request, "activity.view_requestlog",  # as the admin's
+                                      reading="activity log", viewing="the activity log",
+                                      perm_label="activity | request log | Can view request "
+                                                 "log"):
+        return refusal
     if what not in PAGE_QUERIES:
         return json_error(404, f"{request.path} is not a page of activity data: "
                                "/dashboard/activity/rows or /dashboard/activity/stats",

@@ -77,3 +77,26 @@ def api_view(methods: tuple[str, ...], *, admin: bool = True) -> Callable[[View]
         return exempt
 
     return wrap
+
+
+async def staff_refusal(request: HttpRequest, perm: str, *, reading: str, viewing: str,
+                        perm_label: str) -> HttpResponse | None:
+    """Why a dashboard page's JSON endpoint refuses this request, None when it may answer.
+
+    Those endpoints are for the page's own session, never a key (the page holds none), so the
+    check is Django's: an active staff member holding the same view permission as the admin's
+    list of the same rows. `reading` ends the login message ("read the {reading}"),
+    `viewing` the permission one ("may not view {viewing}"), `perm_label` is the permission
+    as the admin's user page names it."""
+    user = await request.auser()
+    if not (user.is_active and user.is_staff):
+        return json_error(403, f"log in as staff (the admin's login) to read the {reading}",
+                          type_="permission_error", code="staff_required")
+    if not await user.ahas_perm(perm):
+        return json_error(403, f"your account may not view {viewing}: a superuser can grant "
+                               f"it the permission '{perm_label}' in the admin",
+                          type_="permission_error", code="permission_required")
+    if request.method != "GET":
+        return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
+                          code="method_not_allowed", headers={"Allow": "GET"})
+    return None

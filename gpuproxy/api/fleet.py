@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 
 from activity import fleet as fleet_view
-from gpuproxy.api.decorators import api_view, json_error
+from gpuproxy.api.decorators import api_view, json_error, staff_refusal
 from gpuproxy.shell import runtime
 
 NEEDS_POSTGRESQL = ("the fleet view needs PostgreSQL: on SQLite each box has its own database, "
@@ -82,18 +82,10 @@ async def fleet(request: HttpRequest) -> HttpResponse:
 
 async def page_data(request: HttpRequest) -> HttpResponse:
     """The overview's Fleet panel: a staff session, not a key (the page never holds one)."""
-    user = await request.auser()
-    if not (user.is_active and user.is_staff):
-        return json_error(403, "log in as staff (the admin's login) to read the fleet view",
-                          type_="permission_error", code="staff_required")
-    if not await user.ahas_perm("activity.view_node"):  # as the admin's Nodes list
-        return json_error(403, "your account may not view the fleet: a superuser can grant "
-                               "it the permission 'activity | node | Can view node' in the "
-                               "admin",
-                          type_="permission_error", code="permission_required")
-    if request.method != "GET":
-        return json_error(405, f"{request.method} is not allowed on {request.path}; use GET",
-                          code="method_not_allowed", headers={"Allow": "GET"})
+    if refusal := await staff_refusal(request, "activity.view_node",  # as the admin's Nodes
+                                      reading="fleet view", viewing="the fleet",
+                                      perm_label="activity | node | Can view node"):
+        return refusal
     return await answer()
 
 
