@@ -26,6 +26,9 @@ from activity.models import Node
 
 RUNNING = "running"
 STOPPED = "stopped"  # written by a node on a clean stop
+# written by a node from the start of a graceful stop until `stopped`: it refuses new work
+# and finishes what it holds, so nothing should be sent to it
+DRAINING = "draining"
 
 UP, DOWN = "up", "down"  # computed by a reader; `stopped` is the node's own word
 
@@ -66,7 +69,7 @@ class FleetNode:
     """One node as a reader sees it: its row and its status at `now`."""
 
     row: Node
-    status: str  # up, down or stopped
+    status: str  # up, draining, down or stopped
     age: float  # seconds since its heartbeat
 
     @property
@@ -85,7 +88,9 @@ def status(row: Node, now: dt.datetime, down_after: float | None = None) -> str:
     if row.state == STOPPED:
         return STOPPED
     limit = settings.GPUPROXY_FLEET_DOWN_SECONDS if down_after is None else down_after
-    return UP if (now - row.heartbeat_at).total_seconds() <= limit else DOWN
+    if (now - row.heartbeat_at).total_seconds() > limit:
+        return DOWN
+    return DRAINING if row.state == DRAINING else UP
 
 
 def database_now() -> dt.datetime:

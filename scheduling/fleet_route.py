@@ -28,7 +28,7 @@ class NodeView:
 
     node: str
     url: str  # "" for a node that advertises none (older than forwarding): never chosen
-    status: str  # "up", "down" or "stopped"
+    status: str  # "up", "draining", "down" or "stopped": only "up" takes a request
     loaded: frozenset[str] = frozenset()
     waiting: int = 0  # requests waiting on the node, every model and band together
 

@@ -31,7 +31,7 @@ from gpuproxy.shell.fleet import FleetPublisher, books
 from gpuproxy.upstream.states import State
 from scheduling.core.events import Request
 from tests.conftest import free_port
-from tests.helpers import one_model, until
+from tests.helpers import Chat, one_model, open_gate, until
 
 T0 = dt.datetime(2026, 12, 5, 7, 0, 0, tzinfo=dt.UTC)
 
@@ -209,6 +209,16 @@ def test_the_reader_tells_up_down_and_stopped_by_the_heartbeat(settings):
 
 
 @pytest.mark.django_db
+def test_a_draining_node_is_draining_while_it_beats_and_down_when_it_falls_silent(settings):
+    settings.GPUPROXY_FLEET_DOWN_SECONDS = 3
+    now = T0 + dt.timedelta(minutes=5)
+    _node("finishing", now - dt.timedelta(seconds=1), state="draining")
+    _node("hung", now - dt.timedelta(seconds=4), state="draining")
+    assert {n.row.node: n.status for n in fleet.fleet(now)} == {
+        "finishing": "draining", "hung": "down"}
+
+
+@pytest.mark.django_db
 def test_the_admin_lists_the_fleet_read_only(admin_client):
     now = dt.datetime.now(dt.UTC)
     _node("gpu-a", now, loaded=["llama", "qwen"], listen="10.0.0.1:8080", version="9.9",
@@ -329,6 +339,26 @@ def test_two_serves_heartbeat_and_a_killed_one_is_shown_down(serve, tmp_path: Pa
     after = _fleet()
     assert after["fleet-2"].status == "stopped" and after["fleet-2"].row.pid == pids["fleet-2"]
     assert after["fleet-1"].status == "down"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_node_that_drains_says_so_until_it_has_stopped(serve):
+    """SIGTERM: the node refuses new work but finishes what it holds; the fleet shows it
+    draining meanwhile (the forwarding decision and any reader pass it over), then stopped."""
+    start = free_port()
+    proxy = serve(one_model(start), {"GPUPROXY_NODE": "drainer"})
+    busy = Chat(proxy.base, "solo", gate="held")
+    until("the request is in flight", lambda: _fleet().get("drainer") is not None
+          and _fleet()["drainer"].row.in_flight.get("solo") == 1, within=10)
+    proxy.proc.send_signal(signal.SIGTERM)
+    until("the node is shown draining", lambda: _fleet()["drainer"].status == "draining",
+          within=5)
+    assert busy.response is None  # still held: the drain waits for it
+    open_gate(start, "held")
+    assert busy.answered().status_code == 200
+    assert proxy.proc.wait(30) == 0, proxy.output()
+    assert _fleet()["drainer"].status == "stopped"
 
 
 # ---- the bench ---------------------------------------------------------------------------------

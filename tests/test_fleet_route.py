@@ -72,7 +72,7 @@ def test_ties_go_to_the_node_with_the_model_loaded_then_by_name():
 NAMES = ["a", "b", "c", "d", "e"]
 views = st.builds(
     NodeView, st.sampled_from(NAMES), st.sampled_from(["", "http://n:1"]),
-    st.sampled_from(["up", "up", "down", "stopped"]),
+    st.sampled_from(["up", "up", "draining", "down", "stopped"]),
     st.frozensets(st.sampled_from(["m", "n"]), max_size=2), st.integers(0, 12))
 fleets = st.lists(views, max_size=6, unique_by=lambda n: n.node)
 placements = st.frozensets(st.sampled_from(NAMES), max_size=4)

@@ -99,6 +99,7 @@ class FleetPublisher:
         self.version = version_info()["version"]
         self.failing = False  # the last write failed: said once, until one works again
         self.written = 0
+        self.state = fleet.RUNNING  # what each heartbeat says: running, then draining
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -133,8 +134,15 @@ class FleetPublisher:
 
     async def _run(self) -> None:
         while True:
-            await self.publish()
+            await self.publish(self.state)
             await asyncio.sleep(self.every)
+
+    async def drain(self) -> None:
+        """The graceful stop began: every heartbeat from now on says `draining` (the other
+        nodes forward nothing here; a reader sees why the queue empties), the first at once."""
+        self.state = fleet.DRAINING
+        if self._task is not None:
+            await self.publish(self.state)
 
     async def stop(self, within: float = 5.0) -> None:
         """End the heartbeat and write `stopped`: a clean stop, not a death. Bounded, so that

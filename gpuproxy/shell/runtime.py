@@ -295,8 +295,11 @@ class Runtime:
     async def drain(self) -> None:
         """The start of a graceful stop: every queued or loading request is answered 503
         `shutting_down` by the scheduler (and any that comes later); requests in flight go
-        on, and their upstreams keep running until `shutdown()`."""
+        on, and their upstreams keep running until `shutdown()`. The fleet view says
+        `draining` from now on."""
         await self.run_loop.shutdown()
+        if self.fleet is not None:
+            await self.fleet.drain()
 
     async def shutdown(self) -> None:
         helpers = [t for t in (self._watcher, self._listener) if t is not None]
