@@ -181,8 +181,24 @@ DATA_DIR = Path(os.environ.get("GPUPROXY_DATA_DIR", "var")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
+def _refuse_placeholder(name: str, value: str) -> None:
+    """deploy/kubernetes/secret.yaml ships `REPLACE-WITH-...` values: applied unedited, every
+    fleet would share one published key, which proves nothing and signs anyone's session."""
+    if value.startswith("REPLACE-"):
+        raise ImproperlyConfigured(
+            f"{name} is still the placeholder of the example Secret: make a real one with "
+            f"`openssl rand -hex 32` and give the same value to every node")
+
+
+def env_secret_key(name: str = "GPUPROXY_SECRET_KEY") -> str:
+    """Django's secret key from the environment, "" when unset (then one is generated)."""
+    value = os.environ.get(name, "")
+    _refuse_placeholder(name, value)
+    return value
+
+
 def _secret_key() -> str:
-    if key := os.environ.get("GPUPROXY_SECRET_KEY"):
+    if key := env_secret_key():
         return key
     path = DATA_DIR / "secret_key"
     if not path.exists():
@@ -309,6 +325,7 @@ def env_fleet_key(name: str = "GPUPROXY_FLEET_KEY") -> str:
     """The fleet's shared secret, "" when unset. A short one could be guessed by anyone who
     can reach a node, and would then let them claim any caller's name and priority."""
     value = os.environ.get(name, "")
+    _refuse_placeholder(name, value)
     if value and (len(value) < 16 or not value.isprintable() or not value.isascii()):
         raise ImproperlyConfigured(
             f"{name} must be at least 16 printable ASCII characters (it was {len(value)} "

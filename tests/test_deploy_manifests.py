@@ -123,10 +123,16 @@ print(json.dumps({"node": s.GPUPROXY_NODE, "advertise": s.GPUPROXY_ADVERTISE,
 """
 
 
-def pod_environment() -> dict[str, str]:
+#: What a user puts in place of secret.yaml's `REPLACE-WITH-...` values (`openssl rand -hex 32`).
+FILLED_IN = "0123456789abcdef" * 4
+
+
+def pod_environment(edited: bool = True) -> dict[str, str]:
     """The container's environment as Kubernetes would make it: Secret keys read, the
-    downward API's fields filled in, `$(VAR)` expanded from the variables before it."""
-    secret = one("Secret")["stringData"]
+    downward API's fields filled in, `$(VAR)` expanded from the variables before it.
+    `edited`: the Secret's placeholders replaced, as the file says to before applying it."""
+    secret = {k: FILLED_IN if edited and v.startswith("REPLACE-") else v
+              for k, v in one("Secret")["stringData"].items()}
     fields = {"spec.nodeName": NODE_NAME, "status.podIP": POD_IP}
     made: dict[str, str] = {}
     for e in container()["env"]:
@@ -139,13 +145,17 @@ def pod_environment() -> dict[str, str]:
     return made
 
 
+def read_settings(made: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuproxy.settings", **made}
+    return subprocess.run([sys.executable, "-c", SETTINGS], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_gpuproxy_accepts_the_pods_environment(tmp_path: Path):
     """The settings module, in a process of its own, with exactly the pod's variables: a
     value it refuses (a short fleet key, a bad CIDR, a margin it cannot read) stops here."""
     made = pod_environment()
-    env = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuproxy.settings", **made}
-    done = subprocess.run([sys.executable, "-c", SETTINGS], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = read_settings(made)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["node"] == NODE_NAME
@@ -155,7 +165,19 @@ def test_gpuproxy_accepts_the_pods_environment(tmp_path: Path):
     assert seen["secret"] == made["GPUPROXY_SECRET_KEY"]  # shared, never generated per pod
     assert seen["engine"].endswith(".postgresql")
     assert ".gpuproxy.svc.cluster.local" in seen["hosts"]
+    # a Gateway passes the client's Host through: its public name must be allowed too
+    assert any(not h.startswith("gpuproxy") and ".gpuproxy.svc" not in h
+               for h in seen["hosts"]), seen["hosts"]
     assert seen["trusted"] == ["10.244.0.0/16"]
+
+
+def test_the_secrets_placeholders_are_refused():
+    """Applied unedited, secret.yaml would give every fleet the same published keys."""
+    done = read_settings(pod_environment(edited=False))
+    assert done.returncode != 0
+    assert re.search(r"GPUPROXY_(SECRET|FLEET)_KEY is still the placeholder", done.stderr)
+    assert "openssl rand -hex 32" in done.stderr
+    assert "RANDOM" not in done.stderr  # the value itself is not repeated back
 
 
 def test_the_command_is_a_serve_with_the_configmaps_file_and_the_pods_port():
@@ -182,6 +204,9 @@ def test_the_probes_ask_health_and_the_grace_period_covers_the_drain():
         get = c[probe]["httpGet"]
         assert get["port"] == "http"
         assert resolve(get["path"]).func is views.health, probe
+    # one slow answer (a busy event loop, a GC pause) must not take a serving pod out
+    ready = c["readinessProbe"]
+    assert ready.get("timeoutSeconds", 1) >= 3 and ready.get("failureThreshold", 3) >= 2
     pod = one("DaemonSet")["spec"]["template"]["spec"]
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
@@ -214,11 +239,15 @@ def exported_series() -> set[str]:
 
 def test_the_pickers_metric_names_are_series_we_export():
     text = (KUBE / "inferencepool.yaml").read_text()
-    flags = dict(re.findall(r"--([a-z-]+-metric)=(\S+)", text))
+    flags = dict(re.findall(r"--([a-z-]+-metric)=(\S*)", text))
     assert set(flags) == {"total-queued-requests-metric", "total-running-requests-metric",
                           "kv-cache-usage-percentage-metric", "lora-info-metric",
                           "cache-info-metric"}
-    named = {re.sub(r"\{.*", "", v) for v in flags.values() if v != '""'}
+    # in a container's args nothing strips quotes: `""` would be a series named `""`
+    assert '""' not in flags.values()
+    # the image is pinned to a picker that still has these flags (EPP v1.3 to v1.5)
+    assert re.search(r"gateway-api-inference-extension/epp:v1\.[345]\.\d+\b", text)
+    named = {re.sub(r"\{.*", "", v) for v in flags.values() if v}
     assert named == {"gpuproxy_queue_depth"}
     assert flags["total-queued-requests-metric"] == "gpuproxy_queue_depth{band=interactive}"
     assert named <= exported_series()

@@ -323,7 +323,10 @@ def test_the_advertised_url(settings):
     ({"GPUPROXY_FLEET_KEY": "short"}, False), ({"GPUPROXY_FLEET_KEY": KEY}, True),
     ({"GPUPROXY_FLEET_MARGIN": "0"}, False), ({"GPUPROXY_FLEET_MARGIN": "off"}, True),
     ({"GPUPROXY_FLEET_MARGIN": "x"}, False), ({"GPUPROXY_ADVERTISE": "10.0.0.5:80"}, False),
-    ({"GPUPROXY_ADVERTISE": "http://10.0.0.5:8080/"}, True)])
+    ({"GPUPROXY_ADVERTISE": "http://10.0.0.5:8080/"}, True),
+    # deploy/kubernetes/secret.yaml's placeholders, applied unedited
+    ({"GPUPROXY_FLEET_KEY": "REPLACE-WITH-32-RANDOM-CHARACTERS"}, False),
+    ({"GPUPROXY_SECRET_KEY": "REPLACE-WITH-50-RANDOM-CHARACTERS"}, False)])
 def test_the_settings_refuse_what_cannot_work(monkeypatch, env, ok):
     from django.core.exceptions import ImproperlyConfigured
 
@@ -335,12 +338,14 @@ def test_the_settings_refuse_what_cannot_work(monkeypatch, env, ok):
         s.env_fleet_key()
         s.env_margin()
         s.env_advertise()
+        s.env_secret_key()
     if ok:
         read()
     else:
         with pytest.raises(ImproperlyConfigured) as err:
             read()
         assert "short" not in str(err.value)  # a key is never repeated back
+        assert "RANDOM" not in str(err.value)
 
 
 @pytest.mark.parametrize(("key", "said"), [("", True), (KEY, False)])
