@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +85,18 @@ def memory_total_bytes() -> int:
             assert unit == "kB", line
             return int(number) * 1024
     raise AssertionError("no MemTotal in /proc/meminfo")
+
+
+def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, as a service manager stops a serve (it drains), then SIGKILL after `grace`
+    seconds: a test's cleanup must end even when the drain hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def process_gone(pid: int) -> bool:

@@ -24,7 +24,7 @@ from gpuproxy.management import importer_role
 from gpuproxy.shell.instance import LOCK_KEY, node_key
 from scheduling.models import ConfigImport, ModelDefinition, ProxySettings
 from tests.conftest import FAKE, database_url, free_port
-from tests.helpers import until
+from tests.helpers import stop, until
 
 
 def config(start: int, *models: str) -> str:
@@ -311,10 +311,4 @@ def test_two_nodes_started_together_with_different_files_one_refuses(
         assert model_ids() == files[winner]
     finally:
         for proc, _, _ in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)

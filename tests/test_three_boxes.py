@@ -22,10 +22,12 @@ code under test.
 from __future__ import annotations
 
 import csv
+import http.server
 import io
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,7 +45,7 @@ from django.db import connection
 from activity import fleet, writer
 from activity.models import RequestLog
 from tests.conftest import FAKE, database_url, free_port
-from tests.helpers import open_gate, process_gone, tool, until
+from tests.helpers import open_gate, process_gone, stop, tool, until
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -85,6 +87,93 @@ def test_haproxy_names_the_missing_node_address():
                           text=True, timeout=30)
     assert proc.returncode != 0
     assert "GPUPROXY_NODE_A is not set" in proc.stdout + proc.stderr
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A node as HAProxy sees it: /health answers 200, every other request's headers and
+    peer are kept for the test to read."""
+
+    seen: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def do_GET(self) -> None:
+        if self.path != "/health":
+            self.seen.append((self.client_address[0], list(self.headers.items())))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def haproxy_in_front(tmp_path: Path) -> Iterator[tuple[str, str, Path, type[_Recorder]]]:
+    """The shipped file in front of one recording node: (front URL, stats URL, admin socket,
+    the recorder's class)."""
+    haproxy = tool("haproxy", "haproxy")
+    recorder = type("Recorder", (_Recorder,), {"seen": []})
+    node = http.server.ThreadingHTTPServer(("127.0.0.1", 0), recorder)
+    threading.Thread(target=node.serve_forever, daemon=True).start()
+    front, stats, sock = free_port(), free_port(), tmp_path / "admin.sock"
+    env = {**os.environ, "GPUPROXY_FRONT": f"127.0.0.1:{front}",
+           "GPUPROXY_HAPROXY_STATS": f"127.0.0.1:{stats}", "GPUPROXY_HAPROXY_SOCKET": str(sock),
+           "GPUPROXY_NODE_A": f"127.0.0.1:{node.server_address[1]}"}
+    log = tmp_path / "haproxy.log"
+    proxy = subprocess.Popen([haproxy, "-db", "-f", str(CONFIG)], env=env,
+                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        def listening() -> bool:
+            if proxy.poll() is not None:
+                pytest.fail(f"haproxy exited with {proxy.returncode}:\n{log.read_text()}")
+            return _answers(f"http://127.0.0.1:{front}")
+        until("HAProxy answers on its front port", listening, within=20)
+        yield f"http://127.0.0.1:{front}", f"http://127.0.0.1:{stats}", sock, recorder
+    finally:
+        stop(proxy)
+        node.shutdown()
+        node.server_close()
+
+
+def test_haproxy_forwards_only_the_client_address_it_saw(haproxy_in_front, settings):
+    """A client's own `Forwarded` would be read before X-Forwarded-For (client_ip.py) and
+    name whatever address it likes in the activity row: HAProxy must drop it. A client's
+    own X-Forwarded-For stays, harmless: HAProxy appends the peer it saw, the rightmost entry,
+    which is where the node reads."""
+    from gpuproxy.proxy.client_ip import client_ip, parse_trusted
+
+    front, _, _, recorder = haproxy_in_front
+    with httpx.Client(base_url=front, trust_env=False, timeout=10,
+                      transport=httpx.HTTPTransport(local_address=CLIENT)) as client:
+        r = client.get("/v1/models", headers={"Forwarded": "for=6.6.6.6",
+                                              "X-Forwarded-For": "6.6.6.6"})
+    assert r.status_code == 200
+    [(peer, headers)] = [seen for seen in recorder.seen]
+    names = [name.lower() for name, _ in headers]
+    assert "forwarded" not in names, headers
+    xff = [value for name, value in headers if name.lower() == "x-forwarded-for"]
+    assert xff and xff[-1].split(",")[-1].strip() == CLIENT, headers
+    # and the node, trusting HAProxy only, records the client
+    settings.GPUPROXY_TRUSTED_PROXIES = parse_trusted(peer)
+    scope = {"client": (peer, 1), "headers": [(n.lower().encode(), v.encode())
+                                              for n, v in headers]}
+    assert client_ip(scope) == CLIENT
+
+
+def test_haproxys_admin_socket_drains_a_node(haproxy_in_front):
+    """docs/fleet.md's way to stop a node without a 503: drain it in HAProxy first."""
+    _, stats, sock, _ = haproxy_in_front
+    assert sock.exists(), "no admin socket: the shipped file has no `stats socket`"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+        s.sendall(b"set server nodes/node-a state drain\n")
+        s.shutdown(socket.SHUT_WR)
+        said = s.recv(4096)
+    assert said.strip() == b"", said
+    text = httpx.get(f"{stats}/stats;csv", trust_env=False, timeout=5).text
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+    [row] = [r for r in rows if r["pxname"] == "nodes" and r["svname"] == "node-a"]
+    assert row["status"] == "DRAIN", row
 
 
 # ---- the fleet on one machine -------------------------------------------------------------------
@@ -221,16 +310,6 @@ def _wait_listening(node: Node) -> None:
     pytest.fail(f"{node.name} did not answer /health on {base} within 90 s:\n{node.output()}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def three_boxes(tmp_path: Path, serve_workers: int) -> Iterator[Fleet]:
     haproxy = tool("haproxy", "haproxy")
@@ -271,6 +350,7 @@ peers:
         front, stats = free_port(), free_port()
         env = {**os.environ, "GPUPROXY_FRONT": f"127.0.0.1:{front}",
                "GPUPROXY_HAPROXY_STATS": f"127.0.0.1:{stats}",
+               "GPUPROXY_HAPROXY_SOCKET": str(tmp_path / "admin.sock"),
                "GPUPROXY_NODE_A": nodes["node-a"].listen,
                "GPUPROXY_NODE_B": nodes["node-b"].listen,
                "GPUPROXY_NODE_C": nodes["node-c"].listen}
@@ -303,7 +383,7 @@ peers:
         yield box
     finally:
         for proc in reversed(started):
-            _stop(proc)
+            stop(proc)
         fake_log.close()
 
 
