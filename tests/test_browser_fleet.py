@@ -103,3 +103,29 @@ def test_without_a_fleet_the_panel_is_one_line(serve, browser):  # noqa: F811
     expect(note).to_have_text("One node; the fleet view needs PostgreSQL.")
     expect(page.locator("#fleet table")).to_be_hidden()
     expect(page.get_by_test_id("fleet-row")).to_have_count(0)
+
+
+#: Legal node names (scheduling/nodes.py) that are also properties of every plain JS object.
+JS_NAMES = ("constructor", "__proto__", "toString")
+
+
+def test_nodes_named_like_javascripts_own_properties_are_rows_like_any_other(
+        serve, browser):  # noqa: F811
+    proxy = serve(one_model(free_port()), {"GPUPROXY_NODE": HERE})
+
+    def write() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            now = cursor.fetchone()[0]
+        for name in JS_NAMES:
+            Node.objects.create(node=name, heartbeat_at=now - dt.timedelta(hours=1),
+                                started_at=now - dt.timedelta(hours=2), pid=1, version="0.9",
+                                listen="10.0.0.9:8080", loaded=[], in_flight={}, queue={})
+    orm(write)
+    page = new_page(browser)
+    log_in(page, proxy)
+    expect(page.get_by_test_id("fleet-row")).to_have_count(1 + len(JS_NAMES))
+    for name in JS_NAMES:
+        found = page.locator(f'[data-testid=fleet-row][data-node="{name}"]')
+        expect(found.get_by_test_id("fleet-node")).to_have_text(name)
+        expect(found.get_by_test_id("fleet-status")).to_have_text("down")

@@ -146,19 +146,20 @@
     section.hidden = false;
     table.hidden = false;
     note.hidden = true;
-    var existing = {};
+    // A Map, not {}: `constructor`, `toString` and `__proto__` are node names too.
+    var existing = new Map();
     Array.prototype.forEach.call(tbody.children, function (row) {
-      existing[row.getAttribute("data-node")] = row;
+      existing.set(row.getAttribute("data-node"), row);
     });
     nodes.forEach(function (n, i) {
-      var row = existing[n.node] || createRow(n);
-      delete existing[n.node];
+      var row = existing.get(n.node) || createRow(n);
+      existing.delete(n.node);
       updateRow(row, n, body.this_node);
       if (tbody.children[i] !== row) {
         tbody.insertBefore(row, tbody.children[i] || null);
       }
     });
-    Object.keys(existing).forEach(function (k) { existing[k].remove(); });
+    existing.forEach(function (row) { row.remove(); });
   }
 
   /** A failed read: say why under the table, and keep the last rows (they are what is known). */
