@@ -314,3 +314,22 @@ def test_the_kubernetes_scrape_config(tmp_path: Path):
         swapped.write_text(yaml.safe_dump(config))
         done = check_config(swapped)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_prometheus_may_list_the_pods_it_discovers():
+    """Pod discovery lists and watches pods: without a Role granting it in our namespace,
+    Prometheus finds no target and says only `forbidden` in its own log."""
+    docs = {d["kind"]: d for d in
+            yaml.safe_load_all((PROMETHEUS / "prometheus-rbac.yaml").read_text())}
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}
+    [rule] = docs["Role"]["rules"]
+    assert rule["apiGroups"] == [""] and rule["resources"] == ["pods"]
+    assert {"list", "watch"} <= set(rule["verbs"])
+    binding, account = docs["RoleBinding"], docs["ServiceAccount"]
+    assert docs["Role"]["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": docs["Role"]["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", **account["metadata"]}]
+    scrape = yaml.safe_load((PROMETHEUS / "prometheus-kubernetes.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    assert job["kubernetes_sd_configs"][0]["namespaces"]["names"] == [NAMESPACE]
