@@ -121,10 +121,22 @@ def test_nodes_named_like_javascripts_own_properties_are_rows_like_any_other(
             Node.objects.create(node=name, heartbeat_at=now - dt.timedelta(hours=1),
                                 started_at=now - dt.timedelta(hours=2), pid=1, version="0.9",
                                 listen="10.0.0.9:8080", loaded=[], in_flight={}, queue={})
+        # and one stopping gracefully: its heartbeats (an hour ahead: fresh all test) say so
+        Node.objects.create(node="fleet-draining", state="draining",
+                            heartbeat_at=now + dt.timedelta(hours=1), started_at=now, pid=2,
+                            loaded=[], in_flight={}, queue={})
     orm(write)
     page = new_page(browser)
     log_in(page, proxy)
-    expect(page.get_by_test_id("fleet-row")).to_have_count(1 + len(JS_NAMES))
+    expect(page.get_by_test_id("fleet-row")).to_have_count(2 + len(JS_NAMES))
+    draining = row(page, "fleet-draining").get_by_test_id("fleet-status")
+    expect(draining).to_have_text("draining")
+    expect(draining).to_have_class(re.compile(r"badge-node-draining"))
+    # in the page's warning colour, not up's nor a plain badge's
+    warn = page.evaluate("""() => { const probe = document.createElement("span");
+        probe.style.color = "var(--warn)"; document.body.appendChild(probe);
+        const c = getComputedStyle(probe).color; probe.remove(); return c; }""")
+    assert draining.evaluate("el => getComputedStyle(el).color") == warn
     for name in JS_NAMES:
         found = page.locator(f'[data-testid=fleet-row][data-node="{name}"]')
         expect(found.get_by_test_id("fleet-node")).to_have_text(name)

@@ -102,7 +102,9 @@
     setText(status, n.status);
     status.title = n.status === "down"
       ? "no heartbeat for longer than the fleet's limit: killed, crashed, frozen or cut off"
-      : n.status === "stopped" ? "stopped cleanly (it said so as it stopped)" : "heartbeat fresh";
+      : n.status === "stopped" ? "stopped cleanly (it said so as it stopped)"
+      : n.status === "draining" ? "stopping: it finishes what it holds and takes no new work"
+      : "heartbeat fresh";
     var beat = row.querySelector("[data-testid=fleet-heartbeat]");
     setText(beat, age(n.heartbeat_age_s));
     beat.title = "last heartbeat " + n.heartbeat_at + " (the database's clock); started " +
