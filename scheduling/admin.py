@@ -179,7 +179,11 @@ class ModelDefinitionAdmin(DeleteGuard, ManagedBanner):
             return admin_defaults.ttl(obj.ttl, settings.global_ttl)
 
         columns = {"live_state": live_state, "ttl_shown": ttl_shown}
-        return tuple(columns.get(name, name) for name in self.list_display)
+        # "nodes" only once some model is placed: else every model runs on every node, and
+        # the column would say "all" on each row of a single box's page
+        placed = ModelDefinition.objects.exclude(nodes=[]).exists()
+        return tuple(columns.get(name, name) for name in self.list_display
+                     if placed or name != "placement")
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
         # one read of the proxy and the settings for the whole page, not one per row

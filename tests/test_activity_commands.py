@@ -137,7 +137,7 @@ HEADER = ("id,request_id,received_at,dispatched_at,first_byte_at,finished_at,met
           "score_parts,queue_wait_ms,swap_ms,duration_ms,ttft_ms,stream,input_tokens,"
           "output_tokens,output_tokens_counted,draft_tokens,draft_accepted_tokens,"
           "prompt_tokens,completion_tokens,cached_tokens,prompt_tps,generation_tps,scheduler,"
-          "client,client_ip,end_user,endpoint,user_agent,error,upstream_retries,node")
+          "client,client_ip,end_user,endpoint,user_agent,error,upstream_retries,node,entry_node")
 
 
 def test_export_csv_window(window_rows, tmp_path):
@@ -151,10 +151,10 @@ def test_export_csv_window(window_rows, tmp_path):
         "901,00000000-0000-0000-0000-00000000000a,2026-11-01T10:00:00+00:00,,,"
         "2026-11-01T10:00:02+00:00,POST,/v1/chat/completions,qwen,qwen-7b,200,ok,100,,"
         'interactive,101.5,"{""affinity"":1.0,""aging"":0.5,""priority"":100,""seq"":7}",'
-        "12.5,,2000.0,,true,,,false,,,10,20,,,41.5,priority,alice,,,,t/1,,0,",
+        "12.5,,2000.0,,true,,,false,,,10,20,,,41.5,priority,alice,,,,t/1,,0,,",
         "902,00000000-0000-0000-0000-00000000000b,2026-11-01T10:05:00+00:00,,,,POST,"
         "/v1/chat/completions,qwen,qwen-7b,429,rejected_queue,-10,,batch,,,,,,,false,,,false,"
-        ',,,,,,,,etl,,,,,"queue full, ""try later""",0,',
+        ',,,,,,,,etl,,,,,"queue full, ""try later""",0,,',
     ]
 
 
@@ -178,7 +178,7 @@ def test_export_jsonl_to_stdout(window_rows):
         "prompt_tokens": 10, "completion_tokens": 20, "cached_tokens": None,
         "prompt_tps": None, "generation_tps": 41.5, "scheduler": "priority",
         "client": "alice", "client_ip": None, "end_user": "", "endpoint": "",
-        "user_agent": "t/1", "error": "", "upstream_retries": 0, "node": "",
+        "user_agent": "t/1", "error": "", "upstream_retries": 0, "node": "", "entry_node": "",
     }
 
 
@@ -195,7 +195,7 @@ def test_export_relative_since():
     out, _ = run("activity_export", "--since", "24h", "--format", "jsonl")
     assert [json.loads(line)["client"] for line in out.splitlines()] == ["c5", "c1"]
     out, _ = run("activity_export", "--since", "2d")
-    assert [line.split(",")[-8] for line in out.splitlines()] == ["client", "c30", "c5", "c1"]
+    assert [line.split(",")[-9] for line in out.splitlines()] == ["client", "c30", "c5", "c1"]
 
 
 def test_export_rejects_a_bad_since():

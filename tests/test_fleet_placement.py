@@ -117,8 +117,13 @@ def test_serves_says_what_a_node_runs():
 
 @pytest.mark.django_db
 def test_the_admin_shows_the_placement_and_what_each_node_serves(admin_client):
+    ModelDefinition.objects.create(model_id="anywhere", cmd="x", proxy="http://127.0.0.1:1")
+    page = admin_client.get(reverse("admin:scheduling_modeldefinition_changelist"))
+    # nothing placed: every model runs everywhere, and a single box's page has no such column
+    assert "column-placement" not in page.content.decode()
     apply(PLACED)
     page = admin_client.get(reverse("admin:scheduling_modeldefinition_changelist"))
+    assert "column-placement" in page.content.decode()
     assert page.status_code == 200
     html = page.content.decode()
     assert "gpu-b, gpu-c" in html and ">all<" in html
