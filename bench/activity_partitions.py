@@ -168,10 +168,12 @@ def main() -> int:
     anchor = datetime.now(UTC)
     try:
         call_command("migrate", "activity", "0008_text_column_defaults", verbosity=0)
-        # The columns later migrations add (0012: node), so that the writer's COPY of today's
-        # rows fits the table at 0008 and, carried over by 0009, the partitioned one.
-        execute("ALTER TABLE activity_requestlog ADD COLUMN IF NOT EXISTS node varchar(63) "
-                "NOT NULL DEFAULT ''")
+        # The columns later migrations add (0012: node, 0015: entry_node), so that the
+        # writer's COPY of today's rows fits the table at 0008 and, carried over by 0009, the
+        # partitioned one.
+        for column in ("node", "entry_node"):
+            execute(f"ALTER TABLE activity_requestlog ADD COLUMN IF NOT EXISTS {column} "
+                    "varchar(63) NOT NULL DEFAULT ''")
         fill_plain = fill(args.rows, anchor)
         plain_value, plain_ms = p95(anchor, args.repeat)
         plain_rate = insert_rate(args.insert_rows)
