@@ -159,13 +159,13 @@ def _placed(ex: UpstreamExchange, route: Route) -> tuple[str, ...]:
     """The nodes that serve the model, () for every node: the route's for a model placed
     elsewhere, the catalog's model's (`nodes` in its definition) for a local one."""
     if route.kind == "fleet":
-        return tuple(getattr(route, "nodes", ()) or ())
+        return route.nodes
     meta = ex.rt.catalog.models.get(route.target)  # type: ignore[attr-defined]
-    return tuple(getattr(meta, "nodes", ()) or ())
+    return meta.nodes if meta is not None else ()
 
 
 def _one_hop(route: Route) -> str:
-    nodes = ", ".join(getattr(route, "nodes", ()) or ()) or "other nodes"
+    nodes = ", ".join(route.nodes) or "other nodes"
     return (f"model {route.target!r} is served by {nodes}, not by node "
             f"{settings.GPUPROXY_NODE!r}, and this request was forwarded here by another "
             "node: a request is forwarded at most one hop (the two nodes' views of the fleet "
